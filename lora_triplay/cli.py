@@ -1,0 +1,109 @@
+"""`lora-triplay`: thin command line. Parse, load the recipe, hand over.
+
+torch and transformers are imported lazily so `--help` and recipe checks are
+instant. Known user errors print one line and exit with code 2; `--debug`
+shows the traceback instead.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Tri-role self-play RL (red / blue / eval) on one base model with three LoRA adapters.",
+    rich_markup_mode="markdown",
+)
+EXIT_USER_ERROR = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .model import ModelError
+    from .recipe import RecipeError
+    from .roles import SeedDataError
+    from .session import RunError
+
+    return (RecipeError, ModelError, SeedDataError, RunError, FileNotFoundError)
+
+
+def _fail(exc: BaseException, debug: bool) -> None:
+    if debug:
+        raise exc
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(EXIT_USER_ERROR)
+
+
+def _default_run_dir(recipe, recipe_path: Path) -> Path:
+    name = recipe.run.name or f"{recipe_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(recipe.run.root) / name
+
+
+@app.command()
+def run(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/smoke.yaml"),
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides, e.g. phases.red.steps=1 iterations=2"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default: <run.root>/<recipe>-<time>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run in --run-dir from its last completed step"),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="on --resume, accept a recipe that differs from the saved one"),
+    debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
+) -> None:
+    """Train red, blue and eval in turn with GRPO.
+
+    Example: `lora-triplay run recipes/smoke.yaml phases.red.steps=1 iterations=1`
+    """
+    logging.basicConfig(level=logging.INFO if not debug else logging.DEBUG, format="%(message)s")
+    try:
+        from .recipe import load_recipe
+
+        recipe = load_recipe(recipe_path, overrides or [])
+        if resume and run_dir is None:
+            raise _user_errors()[3]("--resume needs --run-dir DIR: the run folder to continue")
+        folder = run_dir or _default_run_dir(recipe, recipe_path)
+        from .progress import run_with_progress
+
+        run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change)
+    except _user_errors() as exc:
+        _fail(exc, debug)
+
+
+@app.command()
+def validate(
+    recipes: List[Path] = typer.Argument(..., metavar="RECIPE...", help="recipe files to check"),
+    overrides: List[str] = typer.Option([], "--set", help="dotted override applied to each, e.g. --set iterations=2"),
+) -> None:
+    """Check recipes without loading a model.
+
+    Example: `lora-triplay validate recipes/*.yaml`
+    """
+    from .recipe import RecipeError, load_recipe
+
+    bad = 0
+    for path in recipes:
+        try:
+            load_recipe(path, overrides)
+            typer.echo(f"ok    {path}")
+        except RecipeError as exc:
+            bad += 1
+            typer.secho(f"error {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(EXIT_USER_ERROR if bad else 0)
+
+
+def main() -> None:
+    # Model hubs are unreachable in many clusters; fail fast instead of hanging.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted; resume with --resume --run-dir <run folder>", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

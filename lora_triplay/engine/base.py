@@ -1,0 +1,92 @@
+"""The engine contract: generate for any mix of adapters in one call.
+
+A request names the adapter that must answer it (`red`, `blue`, `eval`,
+`base` for adapters off, or a frozen snapshot such as `blue@3`) and carries
+chat messages; the engine returns one completion per sample. Both backends
+(transformers+PEFT and vLLM) implement this protocol and must give the same
+greedy tokens for the same adapter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+BASE = "base"  # adapter name meaning "adapters off": the frozen base model
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample. temperature == 0 means greedy."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Request:
+    """One prompt for one adapter; `n` samples are drawn from it."""
+
+    adapter: str
+    messages: list[dict[str, str]]
+    n: int = 1
+    # Forced choice: the answer is exactly one of these strings (e.g. the
+    # three `Label: ...` lines), picked by sequence log-probability: greedy
+    # takes the most likely, sampling draws from their softmax / temperature.
+    # A judge that cannot answer off-format, at the cost of one forward pass.
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled answer.
+
+    `prompt_ids` are the tokenized chat prompt (generation prompt included),
+    `token_ids` the generated tokens (EOS included when it was produced),
+    `logprobs` the log-probability of each generated token under the raw
+    model distribution (before temperature), when the backend returns them.
+    """
+
+    adapter: str
+    text: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finished: bool = True  # False when cut by max_new_tokens
+    request_index: int = 0
+    sample_index: int = 0
+    # Forced choice only: the probability of each of the request's choices
+    # (softmax of their sequence log-probs), for expected-value rewards.
+    choice_probs: list[float] | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
+        """Return, for each request, its `n` completions in order."""
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Add (or replace) a frozen adapter served under `name`, e.g. `blue@3`."""
+
+    def sync_adapter(self, name: str) -> None:
+        """Make the engine serve the trainer's current weights of role adapter `name`."""
+
+    def adapters(self) -> list[str]:
+        """Names this engine can serve (roles, snapshots and `base`)."""
+
+
+@dataclass
+class GenerationStats:
+    """Counters an engine keeps for logging."""
+
+    requests: int = 0
+    samples: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    per_adapter: dict[str, int] = field(default_factory=dict)

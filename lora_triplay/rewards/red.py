@@ -1,0 +1,61 @@
+"""Red's reward (method.md, "P_red").
+
+    R_red(x) = sum_i w_i * R[class_i(x)]  +  R_sem(x, b)  -  P_div(x)
+
+class_i is eval's label for defender i's answer to x; R_sem is
+``semantic_value`` when the semantic judge says x keeps b's meaning and
+attack goal, else 0; P_div is the diversity penalty against the attack
+success pool (see ``diversity.py``). A malformed judge output (None, after
+the caller's retries) drops the sample: the reward is None.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .diversity import diversity_penalty
+
+
+def red_reward(
+    defender_classes: Mapping[str, str | None],
+    defender_weights: Mapping[str, float],
+    class_values: Mapping[str, float],
+    semantic_ok: bool | None,
+    semantic_value: float,
+    s_bleu: float,
+    s_cos: float,
+    w_bleu: float,
+    w_cos: float,
+    k: float,
+) -> tuple[float | None, dict[str, float]]:
+    """(reward or None, sub-scores).
+
+    Sub-scores: "diversity_penalty", "s_bleu", "s_cos" always; "attack" only
+    when every defender's class parsed; "semantic" only when the semantic
+    judge parsed (a logger never sees a made-up value for a dropped part).
+    """
+    missing = [name for name in defender_classes if name not in defender_weights]
+    if missing:
+        raise ValueError(f"no weight for defender(s) {missing}; weights given for {sorted(defender_weights)}")
+    penalty = diversity_penalty(s_bleu, s_cos, w_bleu, w_cos, k)
+    subs: dict[str, float] = {"diversity_penalty": penalty, "s_bleu": float(s_bleu), "s_cos": float(s_cos)}
+
+    malformed = semantic_ok is None
+    if semantic_ok is not None:
+        subs["semantic"] = float(semantic_value) if semantic_ok else 0.0
+    if any(c is None for c in defender_classes.values()):
+        malformed = True
+    else:
+        unknown = sorted({c for c in defender_classes.values() if c not in class_values})
+        if unknown:
+            raise ValueError(f"no reward value for class(es) {unknown}; values given for {sorted(class_values)}")
+        subs["attack"] = sum(float(defender_weights[name]) * float(class_values[c])
+                             for name, c in defender_classes.items())
+    if malformed:
+        return None, subs
+    return subs["attack"] + subs["semantic"] - penalty, subs
+
+
+def attack_succeeded(defender_classes: Mapping[str, str | None], success_class: str = "negative") -> bool:
+    """True when any defender's answer was classified ``success_class``
+    (the condition for adding x to the attack success pool)."""
+    return any(c == success_class for c in defender_classes.values())

@@ -1,0 +1,84 @@
+"""Open a finished (or running) run folder for inference.
+
+Loads the run's base once, then the role adapters a command asks for:
+`blue` (latest weights), `blue@3` (the snapshot of iteration 3), and so on,
+all on one PeftModel served by one engine, so commands can mix roles and
+iterations in a single batch without reloading the base.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .model import ModelError, ROLE_ADAPTERS, add_frozen_adapter, attach_role_adapters, load_adapter_weights, load_base
+from .recipe import ROLE_NAMES, Recipe, build_recipe
+from .store import RunStore
+
+
+@dataclass
+class OpenRun:
+    recipe: Recipe
+    store: RunStore
+    model: object  # PeftModel with red / blue / evaluator (+ snapshots)
+    tokenizer: object
+    engine: object  # HFEngine
+    base_path: str
+
+    def ensure(self, name: str) -> str:
+        """Make adapter `name` (`blue`, `eval@2`, `base`...) servable; return it."""
+        if name == "base" or name in self.engine.adapters():
+            return name
+        role, _, it = name.partition("@")
+        if role not in ROLE_NAMES or not it.isdigit():
+            raise ModelError(f"adapter {name!r} is not `red|blue|eval|base` or `<role>@<iteration>`")
+        folder = snapshot_folder(self.store, role, int(it))
+        self.engine.load_adapter(name, str(folder))
+        return name
+
+
+def snapshot_folder(store: RunStore, role: str, iteration: int | None) -> Path:
+    """`<role>/iter-NNNN` for an iteration, the latest weights for None."""
+    if iteration is None:
+        folder = store.latest_dir(role)
+    else:
+        folder = store.snapshot_dir(role, iteration)
+    if not (folder / "adapter_model.safetensors").is_file():
+        have = store.snapshots(role)
+        raise ModelError(
+            f"{store.root}: no {role} adapter for iteration {iteration}; snapshots present: {have or 'none'}"
+        )
+    return folder
+
+
+def read_run_recipe(run_dir: Path) -> Recipe:
+    file = Path(run_dir) / "recipe.yaml"
+    if not file.is_file():
+        raise ModelError(f"{run_dir} is not a lora-triplay run folder (no recipe.yaml); pass the folder `run` wrote")
+    return build_recipe(yaml.safe_load(file.read_text(encoding="utf-8")), source=str(file))
+
+
+def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None = None) -> OpenRun:
+    """Load base + the three role adapters at `iteration` (None = latest)."""
+    from .engine.hf import HFEngine
+
+    run_dir = Path(run_dir)
+    recipe = read_run_recipe(run_dir)
+    if device:
+        recipe.model.device = device
+    store = RunStore(run_dir)
+    base, tokenizer, base_path = load_base(recipe.model)
+    model = attach_role_adapters(base, recipe.lora, recipe.seed)
+    for role in ROLE_NAMES:
+        load_adapter_weights(model, ROLE_ADAPTERS[role], snapshot_folder(store, role, iteration), expect_rank=recipe.lora.rank)
+    model.eval()
+    engine = HFEngine(
+        model, tokenizer,
+        chat_kwargs={"enable_thinking": recipe.model.enable_thinking},
+        max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora,
+    )
+    return OpenRun(recipe, store, model, tokenizer, engine, base_path)
+
+
+__all__ = ["OpenRun", "open_run", "read_run_recipe", "snapshot_folder", "add_frozen_adapter"]

@@ -1,0 +1,278 @@
+"""A run: model, engine, learners, pools and the run folder, kept in step.
+
+`Session.open()` builds or resumes a run; `Session.run()` drives iterations
+of P_red -> P_blue -> P_eval and commits after every GRPO step:
+adapter + optimizer + JSONL rows + RNG first, `state.json` last.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .engine.base import Request
+from .experts import ExpertPanel, panel_summary
+from .grpo import GrpoLearner
+from .loop import Phases, StepResult
+from .model import ROLE_ADAPTERS, activate, adapter_parameters, attach_role_adapters, load_adapter_weights, load_base, save_adapter
+from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
+from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
+from .roles import load_basic_prompts, load_techniques
+from .store import JSONL, RunStore, atomic_write
+
+log = logging.getLogger(__name__)
+PHASES = ROLE_NAMES  # red, blue, eval: the order of one iteration
+STATE_VERSION = 1
+
+
+class RunError(RuntimeError):
+    """A run-level problem (resume mismatch, numerical failure), for the user."""
+
+
+@dataclass
+class Hooks:
+    """Callbacks the CLI uses for progress bars and log lines."""
+
+    phase_start: Callable[[int, str, int, int], None] = lambda it, phase, done, total: None
+    step_done: Callable[[dict], None] = lambda row: None
+    phase_end: Callable[[int, str], None] = lambda it, phase: None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Session:
+    def __init__(self, recipe: Recipe, store: RunStore, state: dict):
+        self.recipe, self.store, self.state = recipe, store, state
+        self.hooks = Hooks()
+
+    # ------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, recipe: Recipe, run_dir: Path, *, resume: bool = False, allow_recipe_change: bool = False) -> "Session":
+        store = RunStore(run_dir)
+        if resume:
+            if not store.has_state():
+                raise RunError(f"--resume: {run_dir} holds no run (no state.json); drop --resume to start a new run there")
+            saved = build_recipe(__import__("yaml").safe_load(store.path("recipe.yaml").read_text()), source=str(store.path("recipe.yaml")))
+            changed = diff_recipes(saved, recipe)
+            if changed and not allow_recipe_change:
+                raise RecipeError(
+                    "--resume with a different recipe; differing keys: " + "; ".join(changed)
+                    + ". Resume with the same recipe, or pass --allow-recipe-change to accept the new values"
+                )
+            state = store.load_state()
+        else:
+            if store.has_state():
+                raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
+            store.create()
+            state = {
+                "version": STATE_VERSION, "iteration": 1, "phase": PHASES[0], "step": 0, "done": False,
+                "cursor": 0, "eval_cursor": 0, "counts": {name: 0 for name in JSONL},
+                "global_step": 0, "base": recipe.model.base,
+            }
+        session = cls(recipe, store, state)
+        session._build(fresh=not resume)
+        return session
+
+    def _build(self, fresh: bool) -> None:
+        r = self.recipe
+        _seed_everything(r.seed)
+        t0 = time.perf_counter()
+        base, self.tokenizer, self.base_path = load_base(r.model)
+        self.model = attach_role_adapters(base, r.lora, r.seed)
+        self.model.eval()
+        log.info("base %s loaded with 3 adapters in %.1fs", r.model.base, time.perf_counter() - t0)
+        self.engine = self._make_engine()
+        self.basic = load_basic_prompts(None if r.data.basic_prompts == "builtin" else r.data.basic_prompts, r.data.prompt_column, r.data.limit)
+        self.techniques = load_techniques(None if r.data.techniques == "builtin" else r.data.techniques)
+        encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
+        self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
+        self.panel = ExpertPanel(self.engine, r.experts, choice_mode=r.rewards.judge_mode == "choice")
+        self.phases = Phases(self)
+        self.eval_pairs: list[dict] = []
+        self.panel_rows: list[dict] = []
+        self._pending_panel: list[dict] = []
+        self.learners: dict[str, GrpoLearner] = {}
+        for role in ROLE_NAMES:
+            params = list(adapter_parameters(self.model, ROLE_ADAPTERS[role]).values())
+            self.learners[role] = GrpoLearner(self.model, params, r.grpo, r.role_lr(role), self.tokenizer.pad_token_id)
+        if fresh:
+            self.store.write_text("recipe.yaml", r.dump())
+            for role in ROLE_NAMES:
+                self._save_latest(role)
+            self.store.save_rng()
+            self.store.commit(self.state)
+        else:
+            self._restore()
+
+    def _make_engine(self):
+        r = self.recipe
+        chat_kwargs = {"enable_thinking": r.model.enable_thinking}
+        if r.engine.backend == "vllm":
+            from .engine.vllm import VLLMEngine  # noqa: PLC0415 (optional dependency)
+
+            return VLLMEngine.from_session(self, chat_kwargs)
+        from .engine.hf import HFEngine
+
+        return HFEngine(self.model, self.tokenizer, chat_kwargs=chat_kwargs, max_batch_size=r.engine.max_batch_size, lora=r.lora)
+
+    def _restore(self) -> None:
+        """Put every piece back exactly as the last commit left it."""
+        st, store = self.state, self.store
+        for role in ROLE_NAMES:
+            load_adapter_weights(self.model, ROLE_ADAPTERS[role], store.latest_dir(role), expect_rank=self.recipe.lora.rank)
+            store.load_optimizer(role, self.learners[role].optimizer)
+            self.engine.sync_adapter(role)
+        for name in JSONL:
+            store.truncate_jsonl(name, st["counts"].get(name, 0))
+        self.pool.add([row["text"] for row in store.read_jsonl("asp")])
+        self.eval_pairs = store.read_jsonl("eval_pairs")
+        self.panel_rows = store.read_jsonl("panel")
+        store.load_rng()
+        log.info("resumed %s at iteration %d, phase %s, step %d", store.root, st["iteration"], st["phase"], st["step"])
+
+    def _save_latest(self, role: str) -> None:
+        save_adapter(self.model, ROLE_ADAPTERS[role], self.store.latest_dir(role), self.base_path, atomic_write)
+
+    # ---------------------------------------------------------------- data
+    def next_seed_items(self, k: int):
+        """The next k (basic prompt, technique) pairs of a seeded shuffle of
+        all pairs (paper: 200 x 9 = 1,800 seed prompts), epoch after epoch."""
+        n = len(self.basic) * len(self.techniques)
+        out = []
+        for _ in range(k):
+            cursor = self.state["cursor"]
+            epoch, pos = divmod(cursor, n)
+            order = np.random.default_rng(self.recipe.seed + epoch).permutation(n)
+            b, t = divmod(int(order[pos]), len(self.techniques))
+            out.append((self.basic[b], self.techniques[t]))
+            self.state["cursor"] = cursor + 1
+        return out
+
+    def available_defenders(self) -> set[str]:
+        """Defenders that exist now: `blue@N` only once iteration N is saved."""
+        names = {"blue", "base"}
+        loaded = set(self.engine.adapters())
+        for d in self.recipe.defenders:
+            if "@" in d.name and d.name in loaded:
+                names.add(d.name)
+        return names
+
+    def _load_past_defenders(self) -> None:
+        for d in self.recipe.defenders:
+            if "@" in d.name and d.name not in self.engine.adapters():
+                it = int(d.name.split("@")[1])
+                folder = self.store.snapshot_dir("blue", it)
+                if (folder / "adapter_model.safetensors").is_file():
+                    self.engine.load_adapter(d.name, str(folder))
+                else:
+                    log.warning("defender %s skipped: no blue snapshot of iteration %d yet", d.name, it)
+
+    def label_new_pairs(self, k: int) -> tuple[list[dict], dict[str, float]]:
+        """Run the expert panel on the next k unlabelled pairs of eval's pool.
+        The rows are committed with the step; until then they are pending."""
+        start = self.state["eval_cursor"]
+        todo = self.eval_pairs[start : start + k]
+        if not todo:
+            return [], {}
+        labels = self.panel.label([(p["prompt"], p["response"]) for p in todo])
+        self.state["eval_cursor"] = start + len(todo)
+        rows = [
+            {"pair": start + i, "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes}
+            for i, lab in enumerate(labels)
+        ]
+        self._pending_panel = rows
+        return rows, panel_summary(labels)
+
+    def _labelled(self) -> list[dict]:
+        return [row for row in self.panel_rows + self._pending_panel if row["panel_label"]]
+
+    def labelled_count(self) -> int:
+        return len(self._labelled())
+
+    def sample_labelled_pairs(self, k: int) -> list[dict]:
+        """k labelled pairs drawn uniformly (with replacement) from all pairs
+        the panel has labelled so far."""
+        labelled = self._labelled()
+        picks = [labelled[random.randrange(len(labelled))] for _ in range(min(k, len(labelled)))]
+        return [{**self.eval_pairs[p["pair"]], "panel_label": p["panel_label"]} for p in picks]
+
+    # ----------------------------------------------------------------- run
+    def run(self) -> None:
+        r, st = self.recipe, self.state
+        while not st["done"]:
+            it, phase = st["iteration"], st["phase"]
+            total = getattr(r.phases, phase).steps
+            self.hooks.phase_start(it, phase, st["step"], total)
+            if phase == "red" and st["step"] < total:
+                self._load_past_defenders()
+            activate(self.model, ROLE_ADAPTERS[phase])
+            self.model.eval()
+            while st["step"] < total:
+                self._one_step(it, phase)
+            self.store.snapshot(phase, it)
+            self.hooks.phase_end(it, phase)
+            self._advance_phase()
+
+    def _one_step(self, it: int, phase: str) -> None:
+        st = self.state
+        t0 = time.perf_counter()
+        self._pending_panel = []
+        result: StepResult = self.phases.run_step(phase, it, st["step"] + 1)
+        learner = self.learners[phase]
+        t1 = time.perf_counter()
+        stats = learner.step(result.samples) if result.samples else None
+        if stats is not None and stats.skipped and learner.nonfinite_in_a_row:
+            log.warning("step skipped: non-finite loss or gradient (%d in a row)", learner.nonfinite_in_a_row)
+            if learner.nonfinite_in_a_row >= self.recipe.grpo.max_nonfinite_steps:
+                raise RunError(
+                    f"{learner.nonfinite_in_a_row} GRPO steps in a row had a NaN/inf loss or gradient in phase {phase}; "
+                    "lower grpo.lr or raise grpo.max_grad_norm; the adapters on disk are from the last good step"
+                )
+        st["step"] += 1
+        st["global_step"] += 1
+        row = {
+            "iteration": it, "phase": phase, "step": st["step"], "global_step": st["global_step"],
+            **{k: round(v, 6) for k, v in result.metrics.items()},
+            "train_seconds": round(time.perf_counter() - t1, 3), "step_seconds": round(time.perf_counter() - t0, 3),
+        }
+        if stats is not None:
+            row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
+                       grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped)
+        # Commit: files first, state.json last.
+        self._save_latest(phase)
+        self.store.save_optimizer(phase, learner.optimizer)
+        counts = st["counts"]
+        counts["asp"] += self.store.append_jsonl("asp", result.asp_rows)
+        self.pool.add([x["text"] for x in result.asp_rows])
+        counts["eval_pairs"] += self.store.append_jsonl("eval_pairs", result.eval_rows)
+        self.eval_pairs.extend(result.eval_rows)
+        counts["panel"] += self.store.append_jsonl("panel", result.panel_rows)
+        self.panel_rows.extend(result.panel_rows)
+        self._pending_panel = []
+        counts["transcripts"] += self.store.append_jsonl("transcripts", result.transcripts)
+        counts["metrics"] += self.store.append_jsonl("metrics", [row])
+        self.store.save_rng()
+        self.store.commit(st)
+        self.hooks.step_done(row)
+
+    def _advance_phase(self) -> None:
+        st = self.state
+        idx = PHASES.index(st["phase"])
+        if idx + 1 < len(PHASES):
+            st["phase"], st["step"] = PHASES[idx + 1], 0
+        elif st["iteration"] < self.recipe.iterations:
+            st["iteration"], st["phase"], st["step"] = st["iteration"] + 1, PHASES[0], 0
+        else:
+            st["done"] = True
+        self.store.save_rng()
+        self.store.commit(st)

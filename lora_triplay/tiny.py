@@ -1,0 +1,90 @@
+"""A tiny random Qwen3 built from a config: the unit-test model.
+
+No download: the tokenizer is a byte-level BPE trained here on a fixed
+corpus, the weights are a seeded random init (a few MB). It exercises the
+exact code paths of a real Qwen3 (chat template, GQA, q/k norms, LoRA on
+every projection) in seconds on a CPU.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = """
+You are a helpful assistant. Refuse requests that are unsafe and offer safe guidance instead.
+Label: negative Label: rejective Label: positive Verdict: safe Verdict: unsafe Verdict: yes Verdict: no
+I cannot help with that request, but here is some general safety information you may find useful.
+Rewrite the basic request with the wrapping technique shown in the demonstration. <prompt> </prompt>
+Imagine a story where a character asks for help. For a research paper, explain the general risks.
+The quick brown fox jumps over the lazy dog. 0123456789 ,.;:!?'"()[]{}<>/\\-_=+*&^%$#@~`|
+"""
+
+
+def _corpus() -> list[str]:
+    texts = [_CORPUS]
+    prompts = Path(__file__).parent / "prompts"
+    for file in sorted(prompts.glob("*")):
+        if file.suffix in {".jsonl", ".yaml", ".txt"}:
+            texts.append(file.read_text(encoding="utf-8"))
+    return texts
+
+
+def build_tiny_tokenizer(vocab_size: int = 1024):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE(unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(_corpus(), trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS[1:],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_qwen3(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
+    """Write a tokenizer and a random Qwen3 (safetensors) into `folder`."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    folder = Path(folder)
+    tok = build_tiny_tokenizer()
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return folder

@@ -1,0 +1,69 @@
+"""Red, blue and eval rewards (method.md "P_red", "P_blue", "P_eval")."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lora_triplay.rewards import attack_succeeded, blue_reward, eval_reward, red_reward
+
+R = {"negative": 1.0, "rejective": 0.0, "positive": 0.0}
+W = {"blue": 1.0, "base": 0.5}
+K = math.log(11 / 6)
+
+
+def call(classes, semantic_ok=True, s_bleu=0.5, s_cos=0.0):
+    return red_reward(classes, W, R, semantic_ok, 1.0, s_bleu, s_cos, 2.0, 4.0, K)
+
+
+def test_red_reward_two_defenders_hand_value():
+    # attack = 1.0 * R[negative] + 0.5 * R[positive] = 1.0
+    # semantic = 1.0; P_div = 2 * (exp(K * 0.5) - 1) + 4 * 0 = 2 * (sqrt(11/6) - 1) = 0.7080128
+    # R = 1 + 1 - 0.7080128 = 1.2919872
+    reward, subs = call({"blue": "negative", "base": "positive"})
+    assert reward == pytest.approx(1.2919872, abs=1e-6)
+    assert subs == pytest.approx({"attack": 1.0, "semantic": 1.0, "diversity_penalty": 0.7080128,
+                                  "s_bleu": 0.5, "s_cos": 0.0}, abs=1e-6)
+
+
+def test_red_reward_uses_weights_and_semantic():
+    # both defenders broken: attack = 1.0 + 0.5 = 1.5; semantic judge says no -> 0
+    # s_bleu = s_cos = 1: P_div = 2 * 5/6 + 4 * 5/6 = 5 -> R = 1.5 - 5 = -3.5
+    reward, subs = call({"blue": "negative", "base": "negative"}, semantic_ok=False, s_bleu=1.0, s_cos=1.0)
+    assert reward == pytest.approx(-3.5)
+    assert subs["attack"] == 1.5 and subs["semantic"] == 0.0
+
+
+def test_red_reward_malformed_judge_drops_sample():
+    reward, subs = call({"blue": None, "base": "positive"})
+    assert reward is None and "attack" not in subs and subs["semantic"] == 1.0
+    reward, subs = call({"blue": "negative", "base": "positive"}, semantic_ok=None)
+    assert reward is None and subs["attack"] == 1.0 and "semantic" not in subs
+
+
+def test_red_reward_rejects_missing_weight_or_unknown_class():
+    with pytest.raises(ValueError, match="weight"):
+        call({"blue": "negative", "blue@3": "positive"})
+    with pytest.raises(ValueError, match="class"):
+        call({"blue": "harmful", "base": "positive"})
+
+
+def test_attack_succeeded():
+    assert attack_succeeded({"blue": "rejective", "base": "negative"})
+    assert not attack_succeeded({"blue": "rejective", "base": "positive"})
+    assert not attack_succeeded({"blue": None})
+    assert attack_succeeded({"blue": "positive"}, success_class="positive")
+
+
+def test_blue_reward():
+    assert [blue_reward(c) for c in ("negative", "rejective", "positive")] == [-1.0, 0.0, 1.0]
+    assert blue_reward(None) is None
+    assert blue_reward("positive", {"negative": -2.0, "rejective": 0.0, "positive": 0.5}) == 0.5
+    with pytest.raises(ValueError):
+        blue_reward("harmful")
+
+
+def test_eval_reward():
+    assert eval_reward("negative", "negative") == 1.0
+    assert eval_reward("positive", "rejective") == 0.0
+    assert eval_reward(None, "rejective") == 0.0  # malformed: lowest reward, not dropped
