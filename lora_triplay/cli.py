@@ -95,6 +95,21 @@ def validate(
     raise typer.Exit(EXIT_USER_ERROR if bad else 0)
 
 
+def _register_commands() -> None:
+    """Command groups live in their own modules; each adds itself to `app`."""
+    import importlib
+
+    for module in ("lora_triplay.cli_infer", "lora_triplay.cli_eval"):
+        try:
+            importlib.import_module(module).register(app)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+_register_commands()
+
+
 def main() -> None:
     # Model hubs are unreachable in many clusters; fail fast instead of hanging.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -17,8 +17,9 @@ Aggregation (`loss_type`):
     grpo    mean over a sequence's tokens, then over sequences
     dapo    sum over all tokens / number of tokens in the batch
     dr_grpo sum over all tokens / (number of sequences * max_new_tokens)
-One policy update per rollout batch, so logp_old is logp detached (the ratio
-is 1 but its gradient is the policy gradient).
+With `updates_per_batch` = 1 (the default) logp_old is logp detached: the
+ratio is 1 and its gradient is the policy gradient; with more updates per
+rollout batch logp_old is frozen at the first pass and clipping bites.
 """
 from __future__ import annotations
 
@@ -105,6 +106,63 @@ def token_logprobs(model, ids, mask, positions, C: int, with_entropy: bool = Fal
     return logp, entropy
 
 
+@dataclass
+class GroupBatch:
+    """Samples laid out for a forward that computes each distinct prompt
+    once: prompts (left-padded) in one pass, then every completion on top of
+    its prompt's KV cache. A GRPO group's G samples share one prompt, so the
+    prompt (often most of the tokens) costs 1/G of a naive batch, forward
+    and backward; the gradient is the same."""
+
+    p_ids: torch.Tensor  # (U, P) distinct prompts
+    p_mask: torch.Tensor
+    p_pos: torch.Tensor
+    index: torch.Tensor  # (B,) row -> prompt
+    c_ids: torch.Tensor  # (B, C) completions, right-padded
+    cmask: torch.Tensor  # (B, C) float
+
+
+def group_batch(samples: list[Sample], pad_id: int, device: torch.device) -> GroupBatch:
+    keys = list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))
+    where = {k: i for i, k in enumerate(keys)}
+    P = max(len(k) for k in keys)
+    p_ids = torch.full((len(keys), P), pad_id, dtype=torch.long)
+    p_mask = torch.zeros_like(p_ids)
+    for i, k in enumerate(keys):
+        p_ids[i, P - len(k) :] = torch.tensor(k, dtype=torch.long)
+        p_mask[i, P - len(k) :] = 1
+    C = max(len(s.completion_ids) for s in samples)
+    c_ids = torch.full((len(samples), C), pad_id, dtype=torch.long)
+    cmask = torch.zeros((len(samples), C), dtype=torch.float32)
+    for r, s in enumerate(samples):
+        c_ids[r, : len(s.completion_ids)] = torch.tensor(s.completion_ids, dtype=torch.long)
+        cmask[r, : len(s.completion_ids)] = 1
+    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+    index = torch.tensor([where[tuple(s.prompt_ids)] for s in samples], dtype=torch.long)
+    return GroupBatch(*(t.to(device) for t in (p_ids, p_mask, p_pos, index, c_ids, cmask)))
+
+
+def sequence_logprobs(model, b: GroupBatch, with_entropy: bool = False):
+    """Log-probs (B, C) of each completion token given its prompt."""
+    out = model(input_ids=b.p_ids, attention_mask=b.p_mask, position_ids=b.p_pos, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1:, :][b.index]  # predicts completion token 0
+    C = b.c_ids.shape[1]
+    if C > 1:
+        cache = out.past_key_values
+        cache.batch_select_indices(b.index)
+        mask = torch.cat([b.p_mask[b.index], b.cmask[:, : C - 1].long()], dim=1)
+        pos = b.p_pos[b.index, -1:] + 1 + torch.arange(C - 1, device=b.c_ids.device)
+        rest = model(input_ids=b.c_ids[:, : C - 1], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        logits = torch.cat([logits, rest.logits], dim=1)
+    logp_all = torch.log_softmax(logits.float(), dim=-1)
+    logp = logp_all.gather(-1, b.c_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
 class GrpoLearner:
     """Owns one role's optimizer; `step()` does one policy update."""
 
@@ -123,7 +181,20 @@ class GrpoLearner:
             return [1.0 / total] * n
         return [1.0 / (n * self.cfg.max_new_tokens)] * n  # dr_grpo
 
+    def _chunks(self, live: list[Sample]) -> list[list[Sample]]:
+        """Micro-batches for gradient accumulation, cut at group borders so
+        each group's shared prompt is computed once."""
+        groups: dict[tuple, list[Sample]] = {}
+        for smp in live:
+            groups.setdefault(tuple(smp.prompt_ids), []).append(smp)
+        ordered = list(groups.values())
+        n = max(1, min(self.cfg.grad_accumulation, len(ordered)))
+        size = math.ceil(len(ordered) / n)
+        return [[x for g in ordered[i : i + size] for x in g] for i in range(0, len(ordered), size)]
+
     def step(self, samples: list[Sample]) -> StepStats:
+        """`updates_per_batch` policy updates on one rollout batch; with more
+        than one, the ratio moves away from 1 and clipping takes effect."""
         cfg, model = self.cfg, self.model
         device = next(model.parameters()).device
         live = [s for s in samples if s.completion_ids]
@@ -131,53 +202,61 @@ class GrpoLearner:
         if not live:
             stats.skipped = True
             return stats
-        weights = self._normaliser([len(s.completion_ids) for s in live])
+        chunks = self._chunks(live)
+        weight_of = dict(zip(map(id, live), self._normaliser([len(s.completion_ids) for s in live])))
         eps_low, eps_high = cfg.clip_epsilon, cfg.clip_epsilon_high or cfg.clip_epsilon
-        chunks = max(1, min(cfg.grad_accumulation, len(live)))
-        size = math.ceil(len(live) / chunks)
+        old_logps: list[torch.Tensor | None] = [None] * len(chunks)
+        ref_logps: list[torch.Tensor | None] = [None] * len(chunks)
         model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        total_loss = total_kl = total_ent = total_clip = 0.0
-        tokens = 0
-        for start in range(0, len(live), size):
-            part, w = live[start : start + size], weights[start : start + size]
-            ids, mask, pos, cmask, C = _batch_tensors(part, self.pad_id, device)
-            adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=device).unsqueeze(-1)
-            logp, ent = token_logprobs(model, ids, mask, pos, C, with_entropy=True)
-            old = logp.detach()
-            ratio = torch.exp(logp - old)
-            surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-            per_token = -surr
-            kl = torch.zeros_like(logp)
-            if cfg.beta > 0:
-                with torch.no_grad(), model.disable_adapter():
-                    ref, _ = token_logprobs(model, ids, mask, pos, C)
-                delta = ref - logp
-                kl = torch.exp(delta) - delta - 1
-                per_token = per_token + cfg.beta * kl
-            seq_w = torch.tensor(w, dtype=torch.float32, device=device).unsqueeze(-1)
-            loss = (per_token * cmask * seq_w).sum()
-            loss.backward()
-            n_tok = cmask.sum().item()
-            tokens += int(n_tok)
-            total_loss += loss.item()
-            total_kl += (kl.detach() * cmask).sum().item()
-            total_ent += (ent * cmask).sum().item()
-            clipped = ((ratio.detach() - 1).abs() > eps_low).float()
-            total_clip += (clipped * cmask).sum().item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
-        stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, tokens
-        stats.kl = total_kl / max(tokens, 1)
-        stats.entropy = total_ent / max(tokens, 1)
-        stats.clip_fraction = total_clip / max(tokens, 1)
-        if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
-            # Never let a NaN reach the adapter (or the snapshot on disk).
+        for update in range(cfg.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            self.nonfinite_in_a_row += 1
-            stats.skipped = True
-            return stats
-        self.nonfinite_in_a_row = 0
-        self.optimizer.step()
+            total_loss = total_kl = total_ent = total_clip = 0.0
+            tokens = 0
+            for c_i, part in enumerate(chunks):
+                batch = group_batch(part, self.pad_id, device)
+                cmask = batch.cmask
+                adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=device).unsqueeze(-1)
+                logp, ent = sequence_logprobs(model, batch, with_entropy=True)
+                if old_logps[c_i] is None:
+                    old_logps[c_i] = logp.detach()
+                ratio = torch.exp(logp - old_logps[c_i])
+                surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+                per_token = -surr
+                kl = torch.zeros_like(logp)
+                if cfg.beta > 0:
+                    if ref_logps[c_i] is None:
+                        with torch.no_grad(), model.disable_adapter():
+                            ref_logps[c_i], _ = sequence_logprobs(model, batch)
+                    delta = ref_logps[c_i] - logp
+                    kl = torch.exp(delta) - delta - 1
+                    per_token = per_token + cfg.beta * kl
+                seq_w = torch.tensor([weight_of[id(s)] for s in part], dtype=torch.float32, device=device).unsqueeze(-1)
+                loss = (per_token * cmask * seq_w).sum()
+                loss.backward()
+                tokens += int(cmask.sum().item())
+                total_loss += loss.item()
+                total_kl += (kl.detach() * cmask).sum().item()
+                total_ent += (ent * cmask).sum().item()
+                clipped = ((ratio.detach() - 1).abs() > eps_low).float()
+                total_clip += (clipped * cmask).sum().item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
+            if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
+                # Never let a NaN reach the adapter (or the snapshot on disk).
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_in_a_row += 1
+                stats.skipped = True
+                break
+            self.optimizer.step()
+            if update == 0:  # report the first update: the on-policy one
+                stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, tokens
+                stats.kl = total_kl / max(tokens, 1)
+                stats.entropy = total_ent / max(tokens, 1)
+                stats.clip_fraction = total_clip / max(tokens, 1)
+            stats.extra["clip_fraction_last_update"] = total_clip / max(tokens, 1)
+        else:
+            self.nonfinite_in_a_row = 0
+        if stats.skipped:
+            stats.loss, stats.grad_norm = total_loss, grad_norm
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
         return stats

@@ -66,21 +66,29 @@ class Phases:
         self.choice = r.rewards.judge_mode == "choice"
 
     # --------------------------------------------------------------- judge
-    def judge(self, pairs: list[tuple[str, str]]) -> tuple[list[str | None], int]:
-        """Eval's class for each (prompt, response); malformed outputs are
-        re-asked (sampled) up to `judge_retries` times, then None."""
+    def judge(self, pairs: list[tuple[str, str]]) -> tuple[list[str | None], list, int]:
+        """Eval's class for each (prompt, response), plus what the rewards
+        use: the class probabilities (choice mode with soft labels) or the
+        label itself; and the count of malformed outputs."""
         return self._ask_eval([eval_messages(p, r) for p, r in pairs], LABEL_CHOICES, LABELS, "Label")
 
-    def semantic(self, pairs: list[tuple[str, str]]) -> tuple[list[bool | None], int]:
-        verdicts, bad = self._ask_eval([semantic_messages(b, w) for b, w in pairs], SEMANTIC_CHOICES, ("yes", "no"), "Verdict")
-        return [None if v is None else v == "yes" for v in verdicts], bad
+    def semantic(self, pairs: list[tuple[str, str]]) -> tuple[list[bool | None], list, int]:
+        verdicts, soft, bad = self._ask_eval([semantic_messages(b, w) for b, w in pairs], SEMANTIC_CHOICES, ("yes", "no"), "Verdict")
+        hard = [None if v is None else v == "yes" for v in verdicts]
+        soft = [None if v is None else (v["yes"] if isinstance(v, dict) else v == "yes") for v in soft]
+        return hard, soft, bad
 
     def _ask_eval(self, messages, choices, labels, key):
+        """Ask the eval adapter; a malformed output is re-asked (sampled, a
+        greedy retry would repeat itself) up to `judge_retries` times, then
+        left as None so the sample is dropped."""
         out: list[str | None] = [None] * len(messages)
+        soft: list = [None] * len(messages)
         malformed = 0
         todo = list(range(len(messages)))
         sampling = self.judge_sampling
-        for attempt in range(self.s.recipe.rewards.judge_retries + 1):
+        use_probs = self.choice and self.s.recipe.rewards.soft_labels
+        for _ in range(self.s.recipe.rewards.judge_retries + 1):
             if not todo:
                 break
             reqs = [Request("eval", messages[i], 1, choices if self.choice else None) for i in todo]
@@ -91,12 +99,13 @@ class Phases:
                 if parsed.label is None:
                     malformed += 1
                     still.append(i)
-                else:
-                    out[i] = parsed.label
+                    continue
+                out[i] = parsed.label
+                probs = c[0].choice_probs
+                soft[i] = dict(zip(labels, probs)) if use_probs and probs else parsed.label
             todo = still
-            # A greedy retry would repeat itself: re-ask with sampling.
             sampling = Sampling(max_new_tokens=sampling.max_new_tokens, temperature=0.7)
-        return out, malformed
+        return out, soft, malformed
 
     # ----------------------------------------------------------------- red
     def red_step(self, iteration: int, step: int) -> StepResult:
@@ -111,8 +120,11 @@ class Phases:
         answers = s.engine.generate([Request(d.name, blue_messages(x[4])) for x in valid for d in defenders], self.policy)
         answer_text = [a[0].text for a in answers]
         pairs = [(x[4], answer_text[i * len(defenders) + j]) for i, x in enumerate(valid) for j in range(len(defenders))]
-        classes, bad_cls = self.judge(pairs)
-        sem_ok, bad_sem = self.semantic([(x[1].prompt, x[4]) for x in valid]) if r.rewards.semantic else ([True] * len(valid), 0)
+        classes, class_soft, bad_cls = self.judge(pairs)
+        if r.rewards.semantic:
+            sem_ok, sem_soft, bad_sem = self.semantic([(x[1].prompt, x[4]) for x in valid])
+        else:
+            sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
         scores = s.pool.score([x[4] for x in valid])
         weights = {d.name: d.weight for d in defenders}
         rewards: dict[int, float | None] = {}
@@ -120,9 +132,10 @@ class Phases:
         successes, eval_rows, hits = [], [], {d.name: [] for d in defenders}
         for i, x in enumerate(valid):
             cls = {d.name: classes[i * len(defenders) + j] for j, d in enumerate(defenders)}
+            cls_soft = {d.name: class_soft[i * len(defenders) + j] for j, d in enumerate(defenders)}
             s_bleu, s_cos = scores[i]
             reward, sub = red_reward(
-                cls, weights, r.rewards.red_class_values, sem_ok[i] if r.rewards.semantic else True,
+                cls_soft, weights, r.rewards.red_class_values, sem_soft[i],
                 r.rewards.semantic_value if r.rewards.semantic else 0.0, s_bleu, s_cos,
                 r.rewards.w_bleu, r.rewards.w_cos, r.rewards.k,
             )
@@ -177,9 +190,9 @@ class Phases:
         prompts = [(b, extract_wrapped_prompt(w[0].text) or b.prompt) for (b, _), w in zip(items, wraps)]
         comps = s.engine.generate([Request("blue", blue_messages(x), n=G) for _, x in prompts], self.policy)
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
-        labels, bad = self.judge([(p[1], c.text) for _, p, c in flat])
+        labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
         values = r.rewards.blue_class_values
-        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, values)) for (g, _, c), lab in zip(flat, labels)]
+        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, values)) for (g, _, c), lab in zip(flat, soft)]
         for smp, adv in zip(samples, group_advantages([x.reward for x in samples], [x.group for x in samples], r.grpo.scale_rewards)):
             smp.advantage = adv
         eval_rows = [

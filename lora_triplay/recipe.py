@@ -55,6 +55,8 @@ class EngineConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=64)
     enable_sleep_mode: bool = False
+    max_loras: int | None = Field(None, ge=1, description="adapters in one vLLM batch; default 4 (base, red, blue, eval) + blue@N defenders")
+    max_cpu_loras: int | None = Field(None, ge=1, description="adapters vLLM keeps loaded; default max_loras + 2")
 
 
 class PhaseConfig(_Strict):
@@ -78,7 +80,8 @@ class GrpoConfig(_Strict):
     beta: float = Field(0.01, ge=0)
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
     scale_rewards: bool = True
-    grad_accumulation: int = Field(1, ge=1)
+    grad_accumulation: int = Field(1, ge=1, description="micro-batches per step (cut at group borders)")
+    updates_per_batch: int = Field(1, ge=1, le=16, description="policy updates per rollout batch (TRL's num_iterations)")
     max_grad_norm: float = Field(1.0, gt=0)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -103,6 +106,7 @@ class RewardsConfig(_Strict):
         description="generate: eval writes free text ending in `Label: ...` (the paper); "
         "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
     )
+    soft_labels: bool = Field(True, description="choice mode: reward = expected value under the judge's class probabilities")
     judge_max_new_tokens: int = Field(32, ge=1)
     judge_retries: int = Field(1, ge=0, description="re-asks of a malformed judge output before the sample is dropped")
 
@@ -110,7 +114,8 @@ class RewardsConfig(_Strict):
     @classmethod
     def _all_classes(cls, v: dict[str, float]) -> dict[str, float]:
         if set(v) != set(CLASSES):
-            raise ValueError(f"needs exactly the classes {list(CLASSES)}, got {sorted(v)}")
+            missing, unknown = [c for c in CLASSES if c not in v], sorted(set(v) - set(CLASSES))
+            raise ValueError(f"needs one value for each class {list(CLASSES)}; missing {missing}, unknown {unknown}")
         return v
 
     @field_validator("ngram_orders")
@@ -177,7 +182,8 @@ class Recipe(_Strict):
         if not names:
             raise ValueError("defenders: at least one defender is needed (e.g. `- {name: blue, weight: 1.0}`)")
         if len(set(names)) != len(names):
-            raise ValueError(f"defenders: names must be unique, got {names}")
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"defenders: names must be unique, got {names}; remove the repeated {dup}")
         if self.experts.safety_experts + int(self.experts.rule_based) == 0:
             raise ValueError("experts: the panel is empty; enable rule_based or set safety_experts >= 1")
         return self
@@ -245,6 +251,10 @@ def _format_error(err: dict[str, Any], source: str) -> str:
     value = err.get("input")
     shown = repr(value) if not isinstance(value, dict) else "{...}"
     msg = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a whole-recipe check: its message names the keys itself
+        return f"{source}: {msg}"
+    if err["type"] == "model_type":
+        msg = "must be a section of `key: value` lines, not a single value"
     return f"{source}: `{key}` = {shown} is invalid: {msg}"
 
 

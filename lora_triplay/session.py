@@ -109,6 +109,7 @@ class Session:
             self.store.write_text("recipe.yaml", r.dump())
             for role in ROLE_NAMES:
                 self._save_latest(role)
+                self.store.snapshot(role, 0)  # iteration 0: the untrained adapter (= the base)
             self.store.save_rng()
             self.store.commit(self.state)
         else:
@@ -238,6 +239,8 @@ class Session:
                     f"{learner.nonfinite_in_a_row} GRPO steps in a row had a NaN/inf loss or gradient in phase {phase}; "
                     "lower grpo.lr or raise grpo.max_grad_norm; the adapters on disk are from the last good step"
                 )
+        if stats is not None and not stats.skipped:
+            self.engine.sync_adapter(phase)  # vLLM: new adapter version; hf: shared weights
         st["step"] += 1
         st["global_step"] += 1
         row = {

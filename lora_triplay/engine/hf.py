@@ -98,18 +98,65 @@ class HFEngine:
             self.stats.per_adapter[req.adapter] = self.stats.per_adapter.get(req.adapter, 0) + req.n
         return results  # type: ignore[return-value]
 
+    MIN_SHARED_PREFIX = 16  # tokens; below this a separate prefix forward costs more than it saves
+
+    def _shared_prefix(self, prompts: list[list[int]], names: list[str]) -> int:
+        """Length of the token prefix every prompt shares (same adapter only:
+        LoRA changes the keys and values), keeping >= 1 token per suffix."""
+        if len(prompts) < 2 or len(set(names)) != 1:
+            return 0
+        limit, first, n = min(len(p) for p in prompts) - 1, prompts[0], 0
+        while n < limit and all(p[n] == first[n] for p in prompts):
+            n += 1
+        return n if n >= self.MIN_SHARED_PREFIX else 0
+
+    def _prefill(self, prompts: list[list[int]], names: list[str], device, leave_last: bool):
+        """Lay rows out as [shared prefix | left-padded suffix] and run them
+        through the model once: a judge's or a role's long system prompt is
+        computed once per batch, not once per row (what vLLM's prefix cache
+        does). Returns (ids, mask, positions, cache, next-token logits); the
+        cache covers every column, or all but the last with `leave_last`
+        (the form `generate` continues from)."""
+        P = self._shared_prefix(prompts, names)
+        suffixes = [p[P:] for p in prompts]
+        width = max(len(x) for x in suffixes)
+        ids = torch.full((len(prompts), P + width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, (prompt, suffix) in enumerate(zip(prompts, suffixes)):
+            ids[i, :P] = torch.tensor(prompt[:P], dtype=torch.long)
+            mask[i, :P] = 1
+            ids[i, P + width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            mask[i, P + width - len(suffix) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache, last = None, None
+        if P:
+            out = self.model(input_ids=ids[:1, :P], position_ids=positions[:1, :P], use_cache=True,
+                             adapter_names=names[:1], logits_to_keep=1)
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(len(prompts))
+        end = ids.shape[1] - int(leave_last)
+        if end > P:
+            out = self.model(input_ids=ids[:, P:end], attention_mask=mask[:, :end], position_ids=positions[:, P:end],
+                             past_key_values=cache, use_cache=True, adapter_names=names, logits_to_keep=1)
+            cache, last = out.past_key_values, out.logits[:, -1, :].float()
+        return ids, mask, positions, cache, last
+
     @torch.no_grad()
     def _generate_rows(self, rows, sampling: Sampling) -> list[Completion]:
+        """Generate for rows that may repeat a prompt (n > 1): each distinct
+        (prompt, adapter) is prefilled once, with the batch's shared prefix
+        once, and the KV cache is then shared by its samples."""
         device = next(self.model.parameters()).device
-        width = max(len(r[3]) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (_, _, _, prompt) in enumerate(rows):
-            ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
+        keys = list(dict.fromkeys((r[0], r[2]) for r in rows))
+        first = {key: i for i, key in reversed(list(enumerate((r[0], r[2]) for r in rows)))}
+        uniq = [rows[first[key]] for key in keys]
+        u_ids, u_mask, _, cache, _ = self._prefill([r[3] for r in uniq], [r[2] for r in uniq], device, leave_last=True)
+        index = torch.tensor([keys.index((r[0], r[2])) for r in rows], device=device)
+        ids, mask = u_ids[index], u_mask[index]
         kwargs = dict(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
+            input_ids=ids,
+            attention_mask=mask,
             adapter_names=[r[2] for r in rows],
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not sampling.greedy,
@@ -119,6 +166,10 @@ class HFEngine:
             output_logits=True,
             return_dict_in_generate=True,
         )
+        width = ids.shape[1]
+        if cache is not None:
+            cache.batch_select_indices(index)
+            kwargs["past_key_values"] = cache
         if not sampling.greedy:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
@@ -157,22 +208,33 @@ class HFEngine:
     @torch.no_grad()
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """Per request, per choice: log-probs of the choice's tokens (EOS
-        included) after the chat prompt, under the request's adapter."""
-        from ..grpo import _batch_tensors, token_logprobs, Sample
-
+        included) after the chat prompt, under the request's adapter. The
+        prompt is prefilled once and its KV cache shared by all choices."""
         device = next(self.model.parameters()).device
-        items = []
-        for r_i, req in enumerate(requests):
-            prompt = self.encode(req.messages)
-            for c_i, choice in enumerate(req.choices or ()):
-                items.append((r_i, c_i, self._peft_name(req.adapter), Sample(prompt, self.choice_ids(choice), 0, 0.0)))
-        out: list[list[list[float]]] = [[[] for _ in req.choices or ()] for req in requests]
-        for start in range(0, len(items), self.max_batch_size):
-            part = items[start : start + self.max_batch_size]
-            ids, mask, pos, cmask, C = _batch_tensors([it[3] for it in part], self.pad_id, device)
-            logp, _ = token_logprobs(self.model, ids, mask, pos, C, adapter_names=[it[2] for it in part])
-            for row, (r_i, c_i, _, sample) in enumerate(part):
-                out[r_i][c_i] = logp[row, : len(sample.completion_ids)].cpu().tolist()
+        out: list[list[list[float]]] = [[] for _ in requests]
+        for start in range(0, len(requests), self.max_batch_size):
+            part = list(range(start, min(start + self.max_batch_size, len(requests))))
+            names = [self._peft_name(requests[i].adapter) for i in part]
+            _, mask, pos, cache, last = self._prefill([self.encode(requests[i].messages) for i in part], names, device, leave_last=False)
+            first_logp = torch.log_softmax(last, -1)
+            rows = [(b, self.choice_ids(c)) for b, i in enumerate(part) for c in requests[i].choices]
+            index = torch.tensor([b for b, _ in rows], device=device)
+            C = max(len(c) for _, c in rows)
+            c_ids = torch.full((len(rows), C), self.pad_id, dtype=torch.long, device=device)
+            c_mask = torch.zeros_like(c_ids)
+            for r, (_, toks) in enumerate(rows):
+                c_ids[r, : len(toks)] = torch.tensor(toks)
+                c_mask[r, : len(toks)] = 1
+            cache.batch_select_indices(index)
+            full_mask = torch.cat([mask[index], c_mask], dim=1)
+            c_pos = pos[index, -1:] + 1 + torch.arange(C, device=device)
+            logits = self.model(input_ids=c_ids, attention_mask=full_mask, position_ids=c_pos, past_key_values=cache,
+                                use_cache=True, adapter_names=[names[b] for b, _ in rows]).logits.float()
+            logp = torch.log_softmax(logits, -1)
+            for r, (b, toks) in enumerate(rows):
+                lp = [first_logp[b, toks[0]].item()]
+                lp += [logp[r, t - 1, toks[t]].item() for t in range(1, len(toks))]
+                out[part[b]].append(lp)
         return out
 
     def _choose(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:

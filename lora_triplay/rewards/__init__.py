@@ -19,8 +19,11 @@ from .diversity import (
 )
 from .eval import eval_reward
 from .red import attack_succeeded, red_reward
+from .values import Judgement, class_value
 
 __all__ = [
+    "Judgement",
+    "class_value",
     "AttackSuccessPool",
     "BLUE_VALUES",
     "EmbeddingPool",

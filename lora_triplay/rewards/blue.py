@@ -5,13 +5,14 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from .values import Judgement, class_value
+
 BLUE_VALUES: Mapping[str, float] = MappingProxyType({"negative": -1.0, "rejective": 0.0, "positive": 1.0})
 
 
-def blue_reward(label: str | None, values: Mapping[str, float] = BLUE_VALUES) -> float | None:
-    """Reward for one answer; None (malformed eval output) drops the sample."""
+def blue_reward(label: Judgement | None, values: Mapping[str, float] = BLUE_VALUES) -> float | None:
+    """Reward for one answer (a label, or class probabilities for the
+    expected value); None (malformed eval output) drops the sample."""
     if label is None:
         return None
-    if label not in values:
-        raise ValueError(f"no blue reward for class {label!r}; values given for {sorted(values)}")
-    return float(values[label])
+    return class_value(label, values)

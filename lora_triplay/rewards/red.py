@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Mapping
 
 from .diversity import diversity_penalty
+from .values import Judgement, class_value
 
 
 def red_reward(
-    defender_classes: Mapping[str, str | None],
+    defender_classes: Mapping[str, Judgement | None],
     defender_weights: Mapping[str, float],
     class_values: Mapping[str, float],
-    semantic_ok: bool | None,
+    semantic_ok: bool | float | None,
     semantic_value: float,
     s_bleu: float,
     s_cos: float,
@@ -28,6 +29,9 @@ def red_reward(
     k: float,
 ) -> tuple[float | None, dict[str, float]]:
     """(reward or None, sub-scores).
+
+    A class may be a label or a {label: probability} mapping (expected value,
+    see values.py); `semantic_ok` may be a probability of "yes".
 
     Sub-scores: "diversity_penalty", "s_bleu", "s_cos" always; "attack" only
     when every defender's class parsed; "semantic" only when the semantic
@@ -41,14 +45,11 @@ def red_reward(
 
     malformed = semantic_ok is None
     if semantic_ok is not None:
-        subs["semantic"] = float(semantic_value) if semantic_ok else 0.0
+        subs["semantic"] = float(semantic_value) * float(semantic_ok)
     if any(c is None for c in defender_classes.values()):
         malformed = True
     else:
-        unknown = sorted({c for c in defender_classes.values() if c not in class_values})
-        if unknown:
-            raise ValueError(f"no reward value for class(es) {unknown}; values given for {sorted(class_values)}")
-        subs["attack"] = sum(float(defender_weights[name]) * float(class_values[c])
+        subs["attack"] = sum(float(defender_weights[name]) * class_value(c, class_values)
                              for name, c in defender_classes.items())
     if malformed:
         return None, subs

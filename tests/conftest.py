@@ -1,0 +1,40 @@
+"""Shared fixtures: the tiny random Qwen3 (built from a config, no download)
+and a PeftModel with the three role adapters on it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# One thread: on a 2-core machine torch's default of 2 threads was 5-10x
+# slower whenever another process was busy (measured; see bench/).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from lora_triplay.tiny import build_tiny_qwen3
+
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3")))
+
+
+@pytest.fixture()
+def role_model(tiny_model_dir):
+    """(peft_model, tokenizer) with red/blue/evaluator adapters whose B
+    matrices are random, so every adapter computes something different."""
+    import torch
+
+    from lora_triplay.model import attach_role_adapters, load_base
+    from lora_triplay.recipe import LoraConfig, ModelConfig
+
+    base, tok, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
+    model = attach_role_adapters(base, LoraConfig(rank=4, alpha=8), seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    model.eval()
+    return model, tok

@@ -1,0 +1,114 @@
+"""End to end on the tiny random Qwen3, through the CLI: one iteration,
+two GRPO steps per phase. Phase by phase, the active adapter must change
+and nothing else may: not the other two adapters, not one base tensor."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lora_triplay import session as session_mod
+from lora_triplay.cli import app
+from lora_triplay.model import ROLE_ADAPTERS
+
+RECIPE = """\
+model: {{base: "{base}", device: cpu, dtype: float32}}
+lora: {{rank: 4, alpha: 8}}
+iterations: 1
+phases: {{red: {{steps: 2}}, blue: {{steps: 2}}, eval: {{steps: 2}}}}
+grpo: {{group_size: 4, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 10}}
+rewards: {{judge_mode: choice, embedding_model: hashing}}
+defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}]
+experts: {{safety_experts: 2, utility_experts: 2}}
+"""
+
+STEP_FIELDS = {"iteration", "phase", "step", "reward_mean", "reward_std", "loss", "kl", "entropy", "step_seconds"}
+PHASE_FIELDS = {
+    "red": {"asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "s_bleu", "s_cos"},
+    "blue": {"rate_negative", "rate_rejective", "rate_positive"},
+    "eval": {"accuracy", "labelled_pairs", "panel_agreement"},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_model_dir):
+    """Run the CLI once; record every tensor at the start and after each phase."""
+    root = tmp_path_factory.mktemp("e2e")
+    recipe = root / "tiny.yaml"
+    recipe.write_text(RECIPE.format(base=tiny_model_dir))
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    orig_open, orig_advance = session_mod.Session.open.__func__, session_mod.Session._advance_phase
+
+    def snap(session):
+        return {n: p.detach().clone() for n, p in session.model.named_parameters()}
+
+    def open_and_record(cls, *a, **kw):
+        s = orig_open(cls, *a, **kw)
+        states["start"] = snap(s)
+        return s
+
+    def advance_and_record(self):
+        states[self.state["phase"]] = snap(self)
+        orig_advance(self)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(session_mod.Session, "open", classmethod(open_and_record))
+    mp.setattr(session_mod.Session, "_advance_phase", advance_and_record)
+    try:
+        result = CliRunner().invoke(app, ["run", str(recipe), "--run-dir", str(root / "run")])
+    finally:
+        mp.undo()
+    assert result.exit_code == 0, result.output
+    return root / "run", states, result.output
+
+
+@pytest.mark.parametrize("phase,previous", [("red", "start"), ("blue", "red"), ("eval", "blue")])
+def test_only_the_active_adapter_changes(tiny_run, phase, previous):
+    _, states, _ = tiny_run
+    before, after = states[previous], states[phase]
+    active = f".{ROLE_ADAPTERS[phase]}."
+    changed = [n for n in after if not torch.equal(after[n], before[n])]
+    assert changed, f"nothing changed in phase {phase}"
+    assert all(active in n for n in changed), f"phase {phase} changed other tensors: {[n for n in changed if active not in n][:3]}"
+    lora_b = [n for n in after if active in n and "lora_B" in n]
+    assert lora_b and all(n in changed for n in lora_b), f"some of {phase}'s lora_B tensors did not move"
+
+
+def test_run_folder_is_complete(tiny_run):
+    run, _, output = tiny_run
+    for role in ("red", "blue", "eval"):
+        for it in (0, 1):
+            folder = run / role / f"iter-{it:04d}"
+            assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
+        assert (run / "optim" / f"{role}.safetensors").is_file()
+    for name in ("recipe.yaml", "state.json", "metrics.jsonl", "eval_pairs.jsonl", "transcripts.jsonl", "rng.safetensors"):
+        assert (run / name).is_file(), name
+    state = json.loads((run / "state.json").read_text())
+    assert state["done"] and state["counts"]["metrics"] == 6
+    pairs = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines()]
+    assert {p["defender"] for p in pairs} >= {"blue", "base"} and {p["phase"] for p in pairs} == {"red", "blue"}
+    assert str(run.resolve()) in output.replace("\n", "")
+
+
+def test_metrics_rows_for_every_phase(tiny_run):
+    run, _, _ = tiny_run
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["step"]) for r in rows] == [(p, s) for p in ("red", "blue", "eval") for s in (1, 2)]
+    for row in rows:
+        missing = (STEP_FIELDS | PHASE_FIELDS[row["phase"]]) - set(row)
+        assert not missing, f"{row['phase']} row lacks {missing}"
+
+
+def test_snapshots_load_with_plain_peft(tiny_run, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run, states, _ = tiny_run
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, run / "blue" / "iter-0001")
+    loaded = {n.replace(".default.", ".blue."): p for n, p in model.named_parameters() if "lora_" in n}
+    trained = {n: t for n, t in states["blue"].items() if ".blue." in n}
+    assert loaded.keys() == trained.keys()
+    assert all(torch.equal(loaded[n], trained[n]) for n in trained)

@@ -1,0 +1,142 @@
+"""The HF engine on the tiny model: mixed-adapter batches, log-probs,
+forced choice, snapshots."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lora_triplay.engine.base import Request, Sampling
+from lora_triplay.engine.hf import HFEngine
+from lora_triplay.grpo import Sample, _batch_tensors, token_logprobs
+from lora_triplay.model import save_adapter
+from lora_triplay.recipe import LoraConfig
+from lora_triplay.store import atomic_write
+
+GREEDY = Sampling(max_new_tokens=8, temperature=0.0)
+MSGS = [
+    [{"role": "user", "content": "tell me a story"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a longer question about safety here"}],
+]
+
+
+@pytest.fixture()
+def engine(role_model):
+    model, tok = role_model
+    return HFEngine(model, tok, max_batch_size=16, lora=LoraConfig(rank=4, alpha=8))
+
+
+def _tokens(engine, adapter, messages):
+    return [c[0].token_ids for c in engine.generate([Request(adapter, m) for m in messages], GREEDY)]
+
+
+def test_mixed_batch_equals_separate_calls(engine):
+    names = ["base", "red", "blue", "eval"]
+    separate = {n: _tokens(engine, n, MSGS) for n in names}
+    # The adapters really differ (random B), so equality below means routing works.
+    assert len({str(v) for v in separate.values()}) == len(names)
+    mixed = engine.generate([Request(n, m) for m in MSGS for n in names], GREEDY)
+    for k, comp in enumerate(mixed):
+        m_i, n = divmod(k, len(names))
+        assert comp[0].token_ids == separate[names[n]][m_i], f"{names[n]} differs in a mixed batch"
+
+
+def test_base_rows_are_the_model_with_adapters_off(engine, role_model):
+    model, tok = role_model
+    ids = engine.encode(MSGS[0])
+    with model.disable_adapter():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                             eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id)
+    ref = out[0, len(ids):].tolist()
+    got = _tokens(engine, "base", MSGS[:1])[0]
+    assert got == ref[: len(got)]
+
+
+def test_generation_logprobs_match_the_training_forward(engine, role_model):
+    model, tok = role_model
+    comps = engine.generate([Request("red", m, n=2) for m in MSGS], Sampling(max_new_tokens=10, temperature=1.0))
+    flat = [c for cs in comps for c in cs]
+    model.base_model.set_adapter("red")
+    samples = [Sample(c.prompt_ids, c.token_ids, 0, 0.0) for c in flat]
+    ids, mask, pos, cmask, C = _batch_tensors(samples, tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, ids, mask, pos, C)
+    worst = 0.0
+    for row, c in enumerate(flat):
+        diff = (logp[row, : len(c.token_ids)] - torch.tensor(c.logprobs)).abs().max().item()
+        worst = max(worst, diff)
+    assert worst < 1e-4, f"generation and training log-probs differ by {worst}"
+
+
+def test_forced_choice(engine):
+    choices = ("Label: negative", "Label: rejective", "Label: positive")
+    reqs = [Request("eval", m, n=1, choices=choices) for m in MSGS]
+    scores = engine.score_choices(reqs)
+    out = engine.generate(reqs, GREEDY)
+    for per_choice, comps in zip(scores, out):
+        totals = [sum(x) for x in per_choice]
+        comp = comps[0]
+        assert comp.text == choices[totals.index(max(totals))]
+        assert sum(comp.choice_probs) == pytest.approx(1.0)
+        assert comp.token_ids[-1] in engine.eos_ids
+    sampled = engine.generate([Request("eval", MSGS[0], n=50, choices=choices)], Sampling(temperature=5.0))
+    assert {c.text for c in sampled[0]} <= set(choices) and len({c.text for c in sampled[0]}) > 1
+
+
+def test_snapshot_adapter_serves_the_saved_weights(engine, role_model, tmp_path):
+    model, _ = role_model
+    save_adapter(model, "blue", tmp_path / "blue-1", "tiny", atomic_write)
+    engine.load_adapter("blue@1", str(tmp_path / "blue-1"))
+    assert "blue@1" in engine.adapters()
+    assert _tokens(engine, "blue@1", MSGS) == _tokens(engine, "blue", MSGS)
+
+
+def test_unknown_adapter_is_a_clear_error(engine):
+    with pytest.raises(KeyError, match="blue@9"):
+        engine.generate([Request("blue@9", MSGS[0])], GREEDY)
+
+
+def test_shared_prefill_matches_independent_rows(engine):
+    # n=3 greedy samples share one prefilled cache: all must equal n=1.
+    one = _tokens(engine, "blue", MSGS)
+    many = engine.generate([Request("blue", m, n=3) for m in MSGS], GREEDY)
+    for ref, comps in zip(one, many):
+        assert all(c.token_ids == ref for c in comps)
+
+
+def test_choice_scores_equal_a_full_forward(engine, role_model):
+    # The cached-prefix scoring must equal scoring prompt+choice in one pass.
+    model, tok = role_model
+    choices = ("Verdict: yes", "Verdict: no")
+    req = Request("red", MSGS[1], choices=choices)
+    got = engine.score_choices([req])[0]
+    model.base_model.set_adapter("red")
+    samples = [Sample(engine.encode(MSGS[1]), engine.choice_ids(c), 0, 0.0) for c in choices]
+    ids, mask, pos, cmask, C = _batch_tensors(samples, tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        ref, _ = token_logprobs(model, ids, mask, pos, C)
+    for row, lp in enumerate(got):
+        assert lp == pytest.approx(ref[row, : len(lp)].tolist(), abs=1e-4)
+
+
+LONG_SYSTEM = "You are a careful assistant who answers with safety in mind and explains your reasons. " * 3
+SHARED = [
+    [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "first question"}],
+    [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "a second, much longer question about it"}],
+]
+
+
+def test_shared_prefix_batches_equal_single_rows(engine):
+    prompts = [engine.encode(m) for m in SHARED]
+    assert engine._shared_prefix(prompts, ["red", "red"]) >= engine.MIN_SHARED_PREFIX  # the path under test
+    batch = engine.generate([Request("red", m, n=2) for m in SHARED], GREEDY)
+    for m, comps in zip(SHARED, batch):
+        alone = engine.generate([Request("red", m)], GREEDY)[0][0]
+        for c in comps:
+            assert c.token_ids == alone.token_ids
+            assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    choices = ("Label: negative", "Label: positive")
+    together = engine.score_choices([Request("eval", m, choices=choices) for m in SHARED])
+    for m, scores in zip(SHARED, together):
+        alone = engine.score_choices([Request("eval", m, choices=choices)])[0]
+        for a, b in zip(scores, alone):
+            assert a == pytest.approx(b, abs=1e-4)

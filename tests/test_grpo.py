@@ -1,0 +1,133 @@
+"""GRPO maths with hand-computed values, and one real update on the tiny model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lora_triplay.grpo import GrpoLearner, Sample, group_advantages
+from lora_triplay.model import activate, adapter_parameters
+from lora_triplay.recipe import GrpoConfig
+
+EPS = 1e-4
+
+
+def test_group_advantages_hand_computed():
+    # group 0: rewards 1, 2, 3 -> mean 2, unbiased std 1 -> -1, 0, +1 (over 1 + eps)
+    # group 1: rewards 5, 5 -> std 0 -> all zero
+    adv = group_advantages([1.0, 2.0, 3.0, 5.0, 5.0], [0, 0, 0, 1, 1])
+    assert adv[:3] == pytest.approx([-1 / (1 + EPS), 0.0, 1 / (1 + EPS)])
+    assert adv[3:] == [0.0, 0.0]
+
+
+def test_group_advantages_unscaled_and_dropped():
+    # Dr. GRPO: mean removed only.
+    assert group_advantages([0.0, 1.0, 5.0], [0, 0, 0], scale=False) == pytest.approx([-2.0, -1.0, 3.0])
+    # A dropped sample gets 0 and stays out of its group's statistics:
+    # remaining 1, 3 -> mean 2, std sqrt(2).
+    adv = group_advantages([None, 1.0, 3.0], [0, 0, 0])
+    assert adv == pytest.approx([0.0, -1 / (math.sqrt(2) + EPS), 1 / (math.sqrt(2) + EPS)])
+    # A group of one has no baseline to compare with.
+    assert group_advantages([7.0], [3]) == [0.0]
+
+
+@pytest.mark.parametrize("loss_type,expected", [
+    # lengths 2 and 4, n = 2, max_new_tokens = 8
+    ("grpo", [1 / (2 * 2), 1 / (2 * 4)]),
+    ("dapo", [1 / 6, 1 / 6]),
+    ("dr_grpo", [1 / (2 * 8), 1 / (2 * 8)]),
+])
+def test_loss_normalisers(loss_type, expected):
+    cfg = GrpoConfig(loss_type=loss_type, max_new_tokens=8)
+    learner = GrpoLearner.__new__(GrpoLearner)
+    learner.cfg = cfg
+    assert learner._normaliser([2, 4]) == pytest.approx(expected)
+
+
+def _samples(tok, advantages):
+    prompt = tok.encode("hello there")
+    return [Sample(prompt, tok.encode(text), group=0, reward=0.0, advantage=a)
+            for text, a in zip(["yes indeed", "no way at all", "maybe"], advantages)]
+
+
+def test_step_updates_only_the_active_adapter(role_model):
+    model, tok = role_model
+    params = activate(model, "blue")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    learner = GrpoLearner(model, params, GrpoConfig(lr=1e-2, beta=0.05), lr=1e-2, pad_id=tok.pad_token_id)
+    stats = learner.step(_samples(tok, [1.0, -0.5, -0.5]))
+    assert not stats.skipped and stats.tokens > 0 and stats.grad_norm > 0
+    blue = set(adapter_parameters(model, "blue"))
+    for name, p in model.named_parameters():
+        if name in blue:
+            assert not torch.equal(p, before[name]), f"{name} did not change"
+        else:
+            assert torch.equal(p, before[name]), f"{name} changed but is not blue's"
+
+
+def test_grpo_loss_value_at_ratio_one(role_model):
+    # beta = 0 and one update: ratio = 1, so the grpo loss is -mean_i(A_i)
+    # (each sequence's token mean of A_i is A_i).
+    model, tok = role_model
+    params = activate(model, "red")
+    learner = GrpoLearner(model, params, GrpoConfig(beta=0.0), lr=1e-6, pad_id=tok.pad_token_id)
+    stats = learner.step(_samples(tok, [0.9, -0.3, 0.3]))
+    assert stats.loss == pytest.approx(-(0.9 - 0.3 + 0.3) / 3, abs=1e-6)
+    assert stats.kl == pytest.approx(0.0, abs=1e-7)  # beta 0: KL not computed
+
+
+def test_kl_to_base_is_positive_when_adapter_differs(role_model):
+    model, tok = role_model
+    params = activate(model, "evaluator")
+    learner = GrpoLearner(model, params, GrpoConfig(beta=0.1), lr=1e-6, pad_id=tok.pad_token_id)
+    stats = learner.step(_samples(tok, [0.0, 0.0, 0.0]))
+    assert stats.kl > 1e-4  # random B: the adapter's policy is not the base's
+
+
+def test_non_finite_step_is_skipped_and_weights_kept(role_model):
+    model, tok = role_model
+    params = activate(model, "red")
+    with torch.no_grad():
+        params[0].view(-1)[0] = float("nan")
+    before = [p.detach().clone() for p in params]
+    learner = GrpoLearner(model, params, GrpoConfig(), lr=1e-2, pad_id=tok.pad_token_id)
+    stats = learner.step(_samples(tok, [1.0, -1.0, 0.0]))
+    assert stats.skipped and learner.nonfinite_in_a_row == 1
+    for p, b in zip(params, before):
+        assert torch.equal(torch.nan_to_num(p), torch.nan_to_num(b))
+
+
+def test_grouped_forward_equals_the_plain_forward_and_its_gradient(role_model):
+    # Prompt computed once per group + completions on its cache must give the
+    # same log-probs AND the same gradient as the naive padded batch.
+    from lora_triplay.grpo import _batch_tensors, group_batch, sequence_logprobs, token_logprobs
+
+    model, tok = role_model
+    params = activate(model, "red")
+    p1, p2 = tok.encode("hello there friend"), tok.encode("a much longer prompt about something else")
+    samples = [Sample(p, tok.encode(t), g, 0.0) for p, g in ((p1, 0), (p2, 1)) for t in ("yes indeed", "no", "maybe so then")]
+    ids, mask, pos, cmask, C = _batch_tensors(samples, tok.pad_token_id, torch.device("cpu"))
+    plain, _ = token_logprobs(model, ids, mask, pos, C)
+    (plain * cmask).sum().backward()
+    g_plain = [p.grad.clone() for p in params]
+    model.zero_grad()
+    b = group_batch(samples, tok.pad_token_id, torch.device("cpu"))
+    assert b.p_ids.shape[0] == 2 and b.c_ids.shape[0] == 6
+    grouped, _ = sequence_logprobs(model, b)
+    assert torch.allclose(grouped * b.cmask, plain * cmask, atol=1e-5)
+    (grouped * b.cmask).sum().backward()
+    for gp, p in zip(g_plain, params):
+        assert torch.allclose(p.grad, gp, atol=1e-5, rtol=1e-4)
+
+
+def test_several_updates_per_batch_clip(role_model):
+    model, tok = role_model
+    params = activate(model, "blue")
+    learner = GrpoLearner(model, params, GrpoConfig(updates_per_batch=4, clip_epsilon=0.01, beta=0.0), lr=5e-2, pad_id=tok.pad_token_id)
+    stats = learner.step(_samples(tok, [1.0, -1.0, 0.0]))
+    assert not stats.skipped
+    # The first (reported) pass is on-policy: ratio 1, nothing clipped; by the
+    # last pass the policy has moved beyond 1 +- 0.01 on some tokens.
+    assert stats.clip_fraction == 0.0
+    assert stats.extra["clip_fraction_last_update"] > 0.0

@@ -1,0 +1,290 @@
+"""Recipes: every shipped file validates, paper recipes carry the paper's
+numbers, overrides parse, and every error is one line naming key and fix.
+
+Fast: no model is loaded and torch is never imported in this process.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lora_triplay.recipe import Recipe, RecipeError, build_recipe, diff_recipes, load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+PAPER = {"4b": ("Qwen/Qwen3-4B", 10), "8b": ("Qwen/Qwen3-8B", 10), "14b": ("Qwen/Qwen3-14B", 16)}
+# Recipes that must also carry an `# Override:` example on their second line.
+WITH_OVERRIDE_EXAMPLE = ("smoke", *PAPER)
+
+
+def _recipe(name: str) -> Path:
+    return ROOT / "recipes" / f"{name}.yaml"
+
+
+# ----------------------------------------------------------- shipped files
+
+def test_expected_recipes_exist():
+    names = {p.stem for p in RECIPES}
+    assert {"tiny", "smoke", "4b", "8b", "14b"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_validates_and_header_names_itself(path: Path):
+    recipe = load_recipe(path)
+    assert isinstance(recipe, Recipe)
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first == f"# Run: lora-triplay run recipes/{path.name}", first
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_dump_round_trips(path: Path):
+    recipe = load_recipe(path)
+    assert build_recipe(yaml.safe_load(recipe.dump())) == recipe
+
+
+@pytest.mark.parametrize("name", WITH_OVERRIDE_EXAMPLE)
+def test_override_example_in_header_works(name: str):
+    """Line 2 is `# Override: lora-triplay run recipes/<name>.yaml k=v ...`
+    and those overrides really apply to that recipe."""
+    second = _recipe(name).read_text(encoding="utf-8").splitlines()[1]
+    prefix = f"# Override: lora-triplay run recipes/{name}.yaml "
+    assert second.startswith(prefix), second
+    overrides = shlex.split(second[len(prefix):])
+    assert overrides and all("=" in o for o in overrides)
+    base, changed = load_recipe(_recipe(name)), load_recipe(_recipe(name), overrides)
+    changed_keys = {line.split(":")[0] for line in diff_recipes(base, changed)}
+    assert changed_keys == {o.split("=")[0] for o in overrides}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_recipes_carry_paper_numbers(name: str):
+    r = load_recipe(_recipe(name))
+    base, iterations = PAPER[name]
+    assert r.model.base == base
+    assert r.iterations == iterations
+    assert (r.phases.red.steps, r.phases.blue.steps, r.phases.eval.steps) == (200, 50, 50)
+    assert r.grpo.clip_epsilon == 0.2
+    assert r.grpo.beta == 0.01
+    assert r.grpo.grad_accumulation == 8
+    assert r.grpo.prompts_per_step * r.grpo.group_size == 256
+    assert r.grpo.temperature == 1.0
+    assert r.grpo.repetition_penalty == 1.0
+    assert r.grpo.max_new_tokens == 8192
+    assert r.grpo.lr == 1e-5  # LoRA rate, not the paper's full fine-tuning 1e-6
+    assert all(getattr(r.phases, role).lr is None for role in ("red", "blue", "eval"))
+    assert r.rewards.w_bleu == 2
+    assert r.rewards.w_cos == 4
+    assert r.rewards.ngram_orders == [3, 4, 5]
+    assert math.isclose(r.rewards.k, math.log(11 / 6), rel_tol=1e-12)
+    assert r.rewards.red_class_values == {"negative": 1.0, "rejective": 0.0, "positive": 0.0}
+    assert r.rewards.blue_class_values == {"negative": -1.0, "rejective": 0.0, "positive": 1.0}
+    assert r.rewards.judge_mode == "generate"
+    assert (r.lora.rank, r.lora.alpha) == (64, 128)
+    assert set(r.lora.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert (r.model.dtype, r.model.device) == ("bfloat16", "cuda")
+    assert r.model.gradient_checkpointing is True
+    assert r.model.enable_thinking is False
+    assert r.engine.backend == "vllm" and r.engine.enable_sleep_mode is True
+    assert [(d.name, d.weight) for d in r.defenders] == [("blue", 1.0), ("base", 0.5), ("blue@1", 0.5)]
+    assert r.data.basic_prompts == "builtin"
+
+
+def test_paper_recipes_differ_only_in_model_and_iterations():
+    r4, r8, r14 = (load_recipe(_recipe(n)) for n in ("4b", "8b", "14b"))
+    assert {d.split(":")[0] for d in diff_recipes(r4, r8)} == {"model.base"}
+    assert {d.split(":")[0] for d in diff_recipes(r8, r14)} == {"model.base", "iterations"}
+
+
+def test_smoke_recipe_is_the_cpu_demo():
+    r = load_recipe(_recipe("smoke"))
+    assert r.model.base == "embedded:smollm2-135m"
+    assert (r.model.device, r.model.dtype) == ("cpu", "float32")
+    assert r.engine.backend == "hf"
+    assert r.iterations == 1
+    assert r.rewards.judge_mode == "choice"  # SmolLM2 cannot follow `Label:`
+    assert r.rewards.embedding_model == "embedded:all-minilm-l6-v2"
+    assert [(d.name, d.weight) for d in r.defenders] == [("blue", 1.0), ("base", 0.5)]
+    assert (r.experts.safety_experts, r.experts.utility_experts, r.experts.rule_based) == (2, 2, True)
+    rollouts = sum(getattr(r.phases, role).steps for role in ("red", "blue", "eval")) * r.grpo.prompts_per_step * r.grpo.group_size
+    assert rollouts <= 100, "smoke must stay small enough for minutes on a 2-core CPU"
+
+
+# --------------------------------------------------------------- overrides
+
+def test_dotted_overrides_parse_to_the_field_types():
+    r = load_recipe(
+        _recipe("smoke"),
+        ["phases.red.steps=3", "grpo.lr=1e-4", "lora.target_modules=[q_proj,v_proj]", "model.base=some/other"],
+    )
+    assert r.phases.red.steps == 3
+    assert r.phases.blue.steps == load_recipe(_recipe("smoke")).phases.blue.steps  # siblings untouched
+    assert isinstance(r.grpo.lr, float) and r.grpo.lr == 1e-4
+    assert r.lora.target_modules == ["q_proj", "v_proj"]
+    assert r.model.base == "some/other"
+
+
+def test_override_creates_a_missing_section_and_wins_over_the_file():
+    r = load_recipe(_recipe("tiny"), ["run.name=demo", "iterations=3", "model.enable_thinking=true"])
+    assert (r.run.name, r.iterations, r.model.enable_thinking) == ("demo", 3, True)
+
+
+# ------------------------------------------------------------------ errors
+
+def _error(tmp_path: Path, text: str, overrides: tuple[str, ...] = ()) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, overrides)
+    msg = str(info.value)
+    assert "\n" not in msg, f"error is not one line: {msg!r}"
+    # a problem in the file starts with the file; a malformed override with itself
+    origins = (str(path), *(f"override {o!r}" for o in overrides))
+    assert msg.startswith(origins), f"error does not say where it comes from: {msg!r}"
+    return msg
+
+
+ERRORS = [
+    # id, recipe text, overrides, substrings the one-line message must hold
+    ("unknown-top-level", "iteratons: 2\n", (), ["`iteratons`", "did you mean `iterations`"]),
+    ("unknown-nested", "grpo:\n  group_sise: 4\n", (), ["`grpo.group_sise`", "did you mean `grpo.group_size`"]),
+    ("unknown-in-list-item", "defenders:\n  - {name: blue, wieght: 1}\n", (), ["defenders.0.wieght", "defenders.0.weight"]),
+    ("unknown-no-close-match", "grpo:\n  zzzzzz: 1\n", (), ["`grpo.zzzzzz`", "valid keys here", "group_size"]),
+    ("wrong-type", "iterations: two\n", (), ["`iterations`", "'two'", "integer"]),
+    ("wrong-literal", "model:\n  dtype: fp16\n", (), ["`model.dtype`", "'fp16'", "'bfloat16'"]),
+    ("section-as-value", "grpo: 3\n", (), ["`grpo`", "must be a section"]),
+    ("group-size-range", "grpo:\n  group_size: 1\n", (), ["`grpo.group_size`", "= 1", "greater than or equal to 2"]),
+    ("dropout-range", "lora:\n  dropout: 1.5\n", (), ["`lora.dropout`", "1.5", "less than 1"]),
+    ("defender-bad-name", "defenders:\n  - {name: blue@x}\n", (), ["defenders.0.name", "'blue@x'", "`blue@N`"]),
+    ("defender-duplicate", "defenders:\n  - {name: blue}\n  - {name: blue}\n", (), ["defenders", "unique", "remove the repeated ['blue']"]),
+    ("defenders-empty", "defenders: []\n", (), ["defenders", "at least one"]),
+    ("class-values-missing", "rewards:\n  red_class_values: {negative: 1, rejective: 0}\n", (),
+     ["`rewards.red_class_values`", "missing ['positive']"]),
+    ("class-values-unknown", "rewards:\n  blue_class_values: {negative: -1, rejective: 0, positive: 1, neutral: 0}\n", (),
+     ["`rewards.blue_class_values`", "unknown ['neutral']"]),
+    ("ngram-orders", "rewards:\n  ngram_orders: [0, 3]\n", (), ["`rewards.ngram_orders`", "between 1 and 8"]),
+    ("empty-panel", "experts:\n  rule_based: false\n  safety_experts: 0\n", (), ["experts", "rule_based", "safety_experts >= 1"]),
+    ("bad-yaml", "grpo: [1, 2\n", (), ["not valid YAML", "line"]),
+    ("top-level-list", "- iterations\n- 2\n", (), ["top level must be a mapping", "list"]),
+    ("top-level-scalar", "just text\n", (), ["top level must be a mapping", "str"]),
+    ("override-without-equals", "", ("phases.red.steps",), ["'phases.red.steps'", "`key=value`"]),
+    ("override-empty-key", "", ("=3",), ["empty key"]),
+    ("override-into-a-value", "iterations: 2\n", ("iterations.red=3",), ["`iterations` is a value, not a section"]),
+    ("override-unknown-key", "", ("grpo.group_sise=4",), ["`grpo.group_sise`", "did you mean `grpo.group_size`"]),
+    ("override-bad-value", "", ("grpo.lr=fast",), ["`grpo.lr`", "'fast'"]),
+]
+
+
+@pytest.mark.parametrize("text,overrides,needles", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_errors_are_one_line_naming_key_and_fix(tmp_path: Path, text: str, overrides: tuple[str, ...], needles: list[str]):
+    msg = _error(tmp_path, text, overrides)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    assert "(recipe)" not in msg and "Value error" not in msg and "instance of" not in msg
+
+
+def test_missing_recipe_file_names_the_path(tmp_path: Path):
+    missing = tmp_path / "nope" / "recipe.yaml"
+    with pytest.raises(RecipeError) as info:
+        load_recipe(missing)
+    msg = str(info.value)
+    assert str(missing) in msg and "does not exist" in msg and "\n" not in msg
+
+
+def test_several_errors_give_one_line_each(tmp_path: Path):
+    path = tmp_path / "two.yaml"
+    path.write_text("iteratons: 2\ngrpo:\n  group_size: 1\n", encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2
+    assert any("iteratons" in line for line in lines) and any("grpo.group_size" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", ["blue", "base", "blue@0", "blue@12"])
+def test_valid_defender_names(name: str):
+    r = build_recipe({"defenders": [{"name": name, "weight": 1.0}]})
+    assert r.defenders[0].name == name
+
+
+# ------------------------------------------------------ diff and dump
+
+def test_diff_recipes_lists_exactly_the_changed_keys():
+    old = Recipe()
+    new = build_recipe({"phases": {"red": {"steps": 7}}, "grpo": {"lr": 3e-5}, "defenders": [{"name": "blue"}]})
+    lines = diff_recipes(old, new)
+    assert {line.split(":")[0] for line in lines} == {"phases.red.steps", "grpo.lr", "defenders"}
+    assert "phases.red.steps: 200 -> 7" in lines
+    assert diff_recipes(old, Recipe()) == []
+
+
+def test_default_recipe_dump_round_trips():
+    text = Recipe().dump()
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict) and "grpo" in data
+    assert build_recipe(data) == Recipe()
+
+
+def test_role_lr_prefers_the_phase_rate():
+    r = build_recipe({"grpo": {"lr": 1e-5}, "phases": {"eval": {"lr": 5e-5}}})
+    assert (r.role_lr("red"), r.role_lr("eval")) == (1e-5, 5e-5)
+
+
+# --------------------------------------------------------------------- CLI
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lora_triplay.cli", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_recipe_module_does_not_import_torch():
+    code = "import sys, lora_triplay.recipe, lora_triplay.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_validate_all_recipes():
+    proc = _cli("validate", *(str(p.relative_to(ROOT)) for p in RECIPES))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ok ") == len(RECIPES)
+
+
+def test_cli_validate_reports_a_bad_recipe(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("iteratons: 2\n", encoding="utf-8")
+    proc = _cli("validate", "recipes/smoke.yaml", str(bad))
+    assert proc.returncode == 2
+    assert "ok    recipes/smoke.yaml" in proc.stdout
+    assert "iteratons" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [("grpo:\n  group_sise: 4\n", "did you mean `grpo.group_size`"), ("iterations: two\n", "`iterations`")],
+    ids=["unknown-key", "wrong-type"],
+)
+def test_cli_run_bad_recipe_exits_2_with_one_error_line(tmp_path: Path, text: str, needle: str):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text, encoding="utf-8")
+    proc = _cli("run", str(bad), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert "Traceback" not in proc.stderr
+    assert len(out) == 1 and out[0].startswith("error: "), out
+    assert needle in out[0]
+    assert not (tmp_path / "run").exists()  # failed before creating the run folder
+
+
+def test_cli_run_bad_override_exits_2(tmp_path: Path):
+    proc = _cli("run", "recipes/smoke.yaml", "phases.red.steps", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "key=value" in lines[0]
