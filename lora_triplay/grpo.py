@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .faults import crash_point
 from .recipe import GrpoConfig
 
 
@@ -246,6 +247,7 @@ class GrpoLearner:
                 self.nonfinite_in_a_row += 1
                 stats.skipped = True
                 break
+            crash_point("optimizer")
             self.optimizer.step()
             if update == 0:  # report the first update: the on-policy one
                 stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, tokens

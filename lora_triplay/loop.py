@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from .engine.base import Request, Sampling
+from .faults import crash_point
 from .grpo import Sample, group_advantages
 from .judge import extract_wrapped_prompt, parse_label, parse_verdict
 from .rewards import attack_succeeded, blue_reward, diversity_penalty, eval_reward, red_reward
@@ -51,10 +52,12 @@ def _reward_stats(rewards: list[float | None]) -> dict[str, float]:
 
 class Phases:
     """The three phase steps. Needs a session with: recipe, engine, pool
-    (attack success pool), eval_pool, panel, next_seed_items(k), rng."""
+    (attack success pool), panel, next_seed_items(k), label_new_pairs(k),
+    sample_labelled_pairs(k)."""
 
     def __init__(self, session):
         self.s = session
+        self.timings: dict[str, float] = {}
         r = session.recipe
         self.policy = Sampling(
             max_new_tokens=r.grpo.max_new_tokens,
@@ -92,7 +95,7 @@ class Phases:
             if not todo:
                 break
             reqs = [Request("eval", messages[i], 1, choices if self.choice else None) for i in todo]
-            comps = self.s.engine.generate(reqs, sampling)
+            comps = self.generate("judge", reqs, sampling)
             still = []
             for i, c in zip(todo, comps):
                 parsed = parse_label(c[0].text, labels, key=key, finished=c[0].finished)
@@ -112,12 +115,12 @@ class Phases:
         s, r = self.s, self.s.recipe
         G = r.grpo.group_size
         items = s.next_seed_items(r.grpo.prompts_per_step)
-        comps = s.engine.generate([Request("red", red_messages(b.prompt, t), n=G) for b, t in items], self.policy)
+        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=G) for b, t in items], self.policy)
         rollouts = [(g, b, t, c, extract_wrapped_prompt(c.text)) for g, ((b, t), cs) in enumerate(zip(items, comps)) for c in cs]
         valid = [x for x in rollouts if x[4]]
         defenders = [d for d in r.defenders if d.name in s.available_defenders()]
         # Every defender answers every wrapped prompt: one mixed-adapter batch.
-        answers = s.engine.generate([Request(d.name, blue_messages(x[4])) for x in valid for d in defenders], self.policy)
+        answers = self.generate("defenders", [Request(d.name, blue_messages(x[4])) for x in valid for d in defenders], self.policy)
         answer_text = [a[0].text for a in answers]
         pairs = [(x[4], answer_text[i * len(defenders) + j]) for i, x in enumerate(valid) for j in range(len(defenders))]
         classes, class_soft, bad_cls = self.judge(pairs)
@@ -186,9 +189,9 @@ class Phases:
         G = r.grpo.group_size
         items = s.next_seed_items(r.grpo.prompts_per_step)
         # Blue trains on prompts written by the latest red.
-        wraps = s.engine.generate([Request("red", red_messages(b.prompt, t)) for b, t in items], self.policy)
+        wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.policy)
         prompts = [(b, extract_wrapped_prompt(w[0].text) or b.prompt) for (b, _), w in zip(items, wraps)]
-        comps = s.engine.generate([Request("blue", blue_messages(x), n=G) for _, x in prompts], self.policy)
+        comps = self.generate("blue", [Request("blue", blue_messages(x), n=G) for _, x in prompts], self.policy)
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
         values = r.rewards.blue_class_values
@@ -215,12 +218,14 @@ class Phases:
     def eval_step(self, iteration: int, step: int) -> StepResult:
         s, r = self.s, self.s.recipe
         G = r.grpo.group_size
+        t0 = time.perf_counter()
         panel_rows, panel_metrics = s.label_new_pairs(2 * r.grpo.prompts_per_step)
+        self.timings["panel"] = time.perf_counter() - t0
         batch = s.sample_labelled_pairs(r.grpo.prompts_per_step)
         if not batch:
             return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics}, panel_rows=panel_rows)
         reqs = [Request("eval", eval_messages(p["prompt"], p["response"]), n=G, choices=LABEL_CHOICES if self.choice else None) for p in batch]
-        comps = s.engine.generate(reqs, self.policy)
+        comps = self.generate("eval", reqs, self.policy)
         samples, correct, malformed = [], [], 0
         for g, (pair, cs) in enumerate(zip(batch, comps)):
             for c in cs:
@@ -244,8 +249,18 @@ class Phases:
         ]
         return StepResult(samples, metrics, panel_rows=panel_rows, transcripts=transcripts)
 
+    def generate(self, what: str, requests, sampling):
+        """engine.generate, timed per purpose (`seconds_<what>` in metrics)."""
+        t0 = time.perf_counter()
+        crash_point("generate")
+        out = self.s.engine.generate(requests, sampling)
+        self.timings[what] = self.timings.get(what, 0.0) + time.perf_counter() - t0
+        return out
+
     def run_step(self, phase: str, iteration: int, step: int) -> StepResult:
         t0 = time.perf_counter()
+        self.timings = {}
         result = {"red": self.red_step, "blue": self.blue_step, "eval": self.eval_step}[phase](iteration, step)
         result.metrics["rollout_seconds"] = time.perf_counter() - t0
+        result.metrics.update({f"seconds_{k}": v for k, v in self.timings.items()})
         return result

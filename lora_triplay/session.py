@@ -24,7 +24,8 @@ from .model import ROLE_ADAPTERS, activate, adapter_parameters, attach_role_adap
 from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
 from .roles import load_basic_prompts, load_techniques
-from .store import JSONL, RunStore, atomic_write
+from .faults import crash_point
+from .store import JSONL, RunStore, restore_rng, rng_state
 
 log = logging.getLogger(__name__)
 PHASES = ROLE_NAMES  # red, blue, eval: the order of one iteration
@@ -42,6 +43,10 @@ class Hooks:
     phase_start: Callable[[int, str, int, int], None] = lambda it, phase, done, total: None
     step_done: Callable[[dict], None] = lambda row: None
     phase_end: Callable[[int, str], None] = lambda it, phase: None
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.write_bytes(data)  # inside a temp folder that write_folder renames
 
 
 def _seed_everything(seed: int) -> None:
@@ -74,10 +79,13 @@ class Session:
             if store.has_state():
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
             store.create()
+            for name in JSONL:  # every run folder has the same files, empty or not
+                store.path(f"{name}.jsonl").touch(mode=0o600)
             state = {
                 "version": STATE_VERSION, "iteration": 1, "phase": PHASES[0], "step": 0, "done": False,
                 "cursor": 0, "eval_cursor": 0, "counts": {name: 0 for name in JSONL},
-                "global_step": 0, "base": recipe.model.base,
+                "global_step": 0, "base": recipe.model.base, "checkpoints": {},
+                "nonfinite": {role: 0 for role in ROLE_NAMES},
             }
         session = cls(recipe, store, state)
         session._build(fresh=not resume)
@@ -108,10 +116,10 @@ class Session:
         if fresh:
             self.store.write_text("recipe.yaml", r.dump())
             for role in ROLE_NAMES:
-                self._save_latest(role)
-                self.store.snapshot(role, 0)  # iteration 0: the untrained adapter (= the base)
-            self.store.save_rng()
-            self.store.commit(self.state)
+                self.state["checkpoints"][role] = self._checkpoint(role)
+                # iteration 0: the untrained adapter (B = 0, i.e. the base)
+                self.store.snapshot(role, 0, self.store.path(self.state["checkpoints"][role]))
+            self._commit()
         else:
             self._restore()
 
@@ -130,19 +138,35 @@ class Session:
         """Put every piece back exactly as the last commit left it."""
         st, store = self.state, self.store
         for role in ROLE_NAMES:
-            load_adapter_weights(self.model, ROLE_ADAPTERS[role], store.latest_dir(role), expect_rank=self.recipe.lora.rank)
-            store.load_optimizer(role, self.learners[role].optimizer)
+            folder = store.path(st["checkpoints"][role])
+            load_adapter_weights(self.model, ROLE_ADAPTERS[role], folder, expect_rank=self.recipe.lora.rank)
+            store.load_optimizer(folder, self.learners[role].optimizer)
+            self.learners[role].nonfinite_in_a_row = st["nonfinite"][role]
             self.engine.sync_adapter(role)
+            store.prune(role, keep=folder)  # checkpoints written after the last commit
         for name in JSONL:
             store.truncate_jsonl(name, st["counts"].get(name, 0))
         self.pool.add([row["text"] for row in store.read_jsonl("asp")])
         self.eval_pairs = store.read_jsonl("eval_pairs")
         self.panel_rows = store.read_jsonl("panel")
-        store.load_rng()
+        restore_rng(st["rng"])
         log.info("resumed %s at iteration %d, phase %s, step %d", store.root, st["iteration"], st["phase"], st["step"])
 
-    def _save_latest(self, role: str) -> None:
-        save_adapter(self.model, ROLE_ADAPTERS[role], self.store.latest_dir(role), self.base_path, atomic_write)
+    def _checkpoint(self, role: str) -> str:
+        """Write the role's adapter and optimizer state into a new checkpoint
+        folder; it counts once `state.json` points to it."""
+        def fill(tmp: Path) -> None:
+            save_adapter(self.model, ROLE_ADAPTERS[role], tmp, self.base_path, _write_bytes)
+            crash_point("checkpoint")  # half-written: the folder still has its temp name
+            self.store.save_optimizer(tmp, self.learners[role].optimizer)
+
+        folder = self.store.write_folder(self.store.checkpoint_dir(role, self.state["global_step"]), fill)
+        return str(folder.relative_to(self.store.root))
+
+    def _commit(self) -> None:
+        self.state["rng"] = rng_state()
+        crash_point("commit")
+        self.store.commit(self.state)
 
     # ---------------------------------------------------------------- data
     def next_seed_items(self, k: int):
@@ -220,7 +244,7 @@ class Session:
             self.model.eval()
             while st["step"] < total:
                 self._one_step(it, phase)
-            self.store.snapshot(phase, it)
+            self.store.snapshot(phase, it, self.store.path(st["checkpoints"][phase]))
             self.hooks.phase_end(it, phase)
             self._advance_phase()
 
@@ -242,7 +266,7 @@ class Session:
         if stats is not None and not stats.skipped:
             self.engine.sync_adapter(phase)  # vLLM: new adapter version; hf: shared weights
         st["step"] += 1
-        st["global_step"] += 1
+        st["global_step"] += 1  # names this step's checkpoint folder
         row = {
             "iteration": it, "phase": phase, "step": st["step"], "global_step": st["global_step"],
             **{k: round(v, 6) for k, v in result.metrics.items()},
@@ -251,21 +275,21 @@ class Session:
         if stats is not None:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
                        grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped)
-        # Commit: files first, state.json last.
-        self._save_latest(phase)
-        self.store.save_optimizer(phase, learner.optimizer)
+        # Commit: checkpoint folder and data rows first, state.json last.
+        st["checkpoints"][phase] = self._checkpoint(phase)
+        st["nonfinite"][phase] = learner.nonfinite_in_a_row
         counts = st["counts"]
         counts["asp"] += self.store.append_jsonl("asp", result.asp_rows)
-        self.pool.add([x["text"] for x in result.asp_rows])
         counts["eval_pairs"] += self.store.append_jsonl("eval_pairs", result.eval_rows)
-        self.eval_pairs.extend(result.eval_rows)
         counts["panel"] += self.store.append_jsonl("panel", result.panel_rows)
-        self.panel_rows.extend(result.panel_rows)
-        self._pending_panel = []
         counts["transcripts"] += self.store.append_jsonl("transcripts", result.transcripts)
         counts["metrics"] += self.store.append_jsonl("metrics", [row])
-        self.store.save_rng()
-        self.store.commit(st)
+        self._commit()
+        self.pool.add([x["text"] for x in result.asp_rows])
+        self.eval_pairs.extend(result.eval_rows)
+        self.panel_rows.extend(result.panel_rows)
+        self._pending_panel = []
+        self.store.prune(phase, keep=self.store.path(st["checkpoints"][phase]))
         self.hooks.step_done(row)
 
     def _advance_phase(self) -> None:
@@ -277,5 +301,4 @@ class Session:
             st["iteration"], st["phase"], st["step"] = st["iteration"] + 1, PHASES[0], 0
         else:
             st["done"] = True
-        self.store.save_rng()
-        self.store.commit(st)
+        self._commit()

@@ -1,21 +1,24 @@
 """The run folder: everything a run produces, written atomically.
 
 Layout (`adapters/<run>/`):
-    recipe.yaml                 resolved recipe
-    state.json                  the commit point: iteration, phase, step, counts
-    rng.safetensors, rng.json   RNG states at the last committed step
-    latest/<role>/              current adapter weights (PEFT format)
-    optim/<role>.safetensors    optimizer state (+ .json for scalars)
-    <role>/iter-NNNN/           adapter snapshot at the end of each phase
-    metrics.jsonl, asp.jsonl, eval_pairs.jsonl, transcripts.jsonl
+    recipe.yaml                      resolved recipe
+    state.json                       the commit point: iteration, phase, step,
+                                     data cursors, row counts, RNG states and
+                                     which checkpoint holds each role
+    checkpoints/<role>/step-NNNNNN/  a role's adapter (PEFT format) and its
+                                     optimizer state after global step N
+    <role>/iter-NNNN/                adapter snapshot at the end of each phase
+    metrics.jsonl, asp.jsonl, eval_pairs.jsonl, panel.jsonl, transcripts.jsonl
 
-Every file is written to a temp file, fsynced and renamed; `state.json` is
-written last, so a crash at any moment leaves the previous step committed.
-Append-only JSONL files are cut back to the counts in `state.json` on
-resume, so rows written after the last commit are never read twice.
+A checkpoint folder is built under a temp name and renamed, files are
+fsynced, and `state.json` is replaced last: it is the single commit point.
+A crash at any moment leaves the previous step committed: a newer
+checkpoint folder is ignored (and pruned), and the append-only JSONL files
+are cut back to the row counts in `state.json` on resume.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -26,6 +29,8 @@ from typing import Any, Iterable
 
 import numpy as np
 import torch
+
+from .faults import crash_point
 
 JSONL = ("metrics", "asp", "eval_pairs", "panel", "transcripts")
 
@@ -116,28 +121,51 @@ class RunStore:
         self.write_json("state.json", state)
 
     # ------------------------------------------------------------- adapters
+    def checkpoint_dir(self, role: str, global_step: int) -> Path:
+        return self.path("checkpoints", role, f"step-{global_step:06d}")
+
     def latest_dir(self, role: str) -> Path:
-        return self.path("latest", role)
+        """The committed checkpoint of `role` (adapter + optimizer)."""
+        return self.path(self.load_state()["checkpoints"][role])
+
+    def write_folder(self, target: Path, fill) -> Path:
+        """Build a folder under a temp name, fsync its files, rename it into
+        place: a folder with the final name is always complete."""
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            fill(tmp)
+            for file in tmp.iterdir():
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(target.parent)
+        return target
+
+    def prune(self, role: str, keep: Path) -> None:
+        """Drop a role's checkpoints other than `keep`, and stale temp folders."""
+        for folder in self.path("checkpoints", role).glob("*"):
+            if folder.resolve() != keep.resolve():
+                shutil.rmtree(folder, ignore_errors=True)
+        for stale in self.path(role).glob(".iter-*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
     def snapshot_dir(self, role: str, iteration: int) -> Path:
         return self.path(role, f"iter-{iteration:04d}")
 
-    def snapshot(self, role: str, iteration: int) -> Path:
-        """Copy latest/<role> to <role>/iter-NNNN through a temp folder and a
-        rename, so a half-written snapshot never looks complete."""
-        target = self.snapshot_dir(role, iteration)
-        if target.is_dir():
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        for file in self.latest_dir(role).iterdir():
-            if not file.name.startswith("."):
-                shutil.copy2(file, tmp / file.name)
-                with open(tmp / file.name, "rb") as f:
-                    os.fsync(f.fileno())
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
-        return target
+    def snapshot(self, role: str, iteration: int, source: Path) -> Path:
+        """Copy a checkpoint's adapter files to <role>/iter-NNNN."""
+        def fill(tmp: Path) -> None:
+            for name in ("adapter_model.safetensors", "adapter_config.json"):
+                shutil.copy2(source / name, tmp / name)
+                crash_point("snapshot")
+
+        return self.write_folder(self.snapshot_dir(role, iteration), fill)
 
     def snapshots(self, role: str) -> list[int]:
         folder = self.path(role)
@@ -146,9 +174,10 @@ class RunStore:
         return sorted(int(p.name[5:]) for p in folder.glob("iter-[0-9]*") if (p / "adapter_model.safetensors").is_file())
 
     # ------------------------------------------------------------ optimizer
-    def save_optimizer(self, role: str, optimizer: torch.optim.Optimizer) -> None:
+    @staticmethod
+    def save_optimizer(folder: Path, optimizer: torch.optim.Optimizer) -> None:
         """Optimizer state as safetensors + JSON: no pickle on disk."""
-        from safetensors.torch import save
+        from safetensors.torch import save_file
 
         sd = optimizer.state_dict()
         tensors, scalars = {}, {}
@@ -158,17 +187,18 @@ class RunStore:
                     tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
                 else:
                     scalars[f"{idx}.{key}"] = value
-        atomic_write(self.path("optim", f"{role}.safetensors"), save(tensors) if tensors else save({"_empty": torch.zeros(1)}))
-        self.write_json(f"optim/{role}.json", {"param_groups": sd["param_groups"], "scalars": scalars})
+        save_file(tensors or {"_empty": torch.zeros(1)}, str(folder / "optimizer.safetensors"))
+        (folder / "optimizer.json").write_text(json.dumps({"param_groups": sd["param_groups"], "scalars": scalars}))
 
-    def load_optimizer(self, role: str, optimizer: torch.optim.Optimizer) -> bool:
+    @staticmethod
+    def load_optimizer(folder: Path, optimizer: torch.optim.Optimizer) -> bool:
         from safetensors.torch import load_file
 
-        file = self.path("optim", f"{role}.safetensors")
+        file = folder / "optimizer.safetensors"
         if not file.is_file():
             return False
         tensors = load_file(str(file))
-        meta = self.read_json(f"optim/{role}.json")
+        meta = json.loads((folder / "optimizer.json").read_text())
         state: dict[int, dict[str, Any]] = {}
         for name, value in list(tensors.items()) + list(meta["scalars"].items()):
             if name == "_empty":
@@ -178,32 +208,28 @@ class RunStore:
         optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         return True
 
-    # ------------------------------------------------------------------ RNG
-    def save_rng(self) -> None:
-        from safetensors.torch import save
 
-        tensors = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            for i, s in enumerate(torch.cuda.get_rng_state_all()):
-                tensors[f"cuda{i}"] = s
-        atomic_write(self.path("rng.safetensors"), save(tensors))
-        py = random.getstate()
-        np_state = np.random.get_state()
-        self.write_json("rng.json", {
-            "python": [py[0], list(py[1]), py[2]],
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        })
+# ---------------------------------------------------------------------- RNG
+def rng_state() -> dict:
+    """Every RNG the run draws from, as JSON (it lives in state.json, so it
+    commits atomically with the step it belongs to)."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    out = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return out
 
-    def load_rng(self) -> None:
-        from safetensors.torch import load_file
 
-        tensors = load_file(str(self.path("rng.safetensors")))
-        torch.set_rng_state(tensors["torch"])
-        cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("cuda"))]
-        if cuda and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(cuda)
-        meta = self.read_json("rng.json")
-        v, internal, gauss = meta["python"]
-        random.setstate((v, tuple(internal), gauss))
-        n = meta["numpy"]
-        np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+def restore_rng(state: dict) -> None:
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]])

@@ -82,10 +82,15 @@ def test_run_folder_is_complete(tiny_run):
         for it in (0, 1):
             folder = run / role / f"iter-{it:04d}"
             assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
-        assert (run / "optim" / f"{role}.safetensors").is_file()
-    for name in ("recipe.yaml", "state.json", "metrics.jsonl", "eval_pairs.jsonl", "transcripts.jsonl", "rng.safetensors"):
-        assert (run / name).is_file(), name
     state = json.loads((run / "state.json").read_text())
+    for role in ("red", "blue", "eval"):
+        # exactly one committed checkpoint per role: adapter + optimizer state
+        ckpts = list((run / "checkpoints" / role).iterdir())
+        assert [run / state["checkpoints"][role]] == ckpts
+        for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors", "optimizer.json"):
+            assert (ckpts[0] / name).is_file(), name
+    for name in ("recipe.yaml", "state.json", "metrics.jsonl", "eval_pairs.jsonl", "panel.jsonl", "transcripts.jsonl"):
+        assert (run / name).is_file(), name
     assert state["done"] and state["counts"]["metrics"] == 6
     pairs = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines()]
     assert {p["defender"] for p in pairs} >= {"blue", "base"} and {p["phase"] for p in pairs} == {"red", "blue"}

@@ -218,9 +218,14 @@ class HashingEncoder:
 
 
 class SentenceEncoder:
-    """A sentence-transformers model as an ``Encoder`` callable."""
+    """A sentence-transformers model as an ``Encoder`` callable.
 
-    def __init__(self, model, batch_size: int = 64):
+    One text per forward by default: in a padded batch a text's embedding
+    shifts by ~1e-7 with its batch-mates, so a pool rebuilt on resume would
+    not score bit-identically to the one that was running. MiniLM costs a few
+    milliseconds per text; the pool grows by a few texts per step."""
+
+    def __init__(self, model, batch_size: int = 1):
         self.model = model
         self.batch_size = batch_size
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension

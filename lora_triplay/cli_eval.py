@@ -1,0 +1,121 @@
+"""`lora-triplay eval` and `lora-triplay report`: registered on the main app by cli.py."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from .benchmarks import BenchmarkError
+    from .cli import _user_errors
+    from .judges import JudgeError
+
+    return (*_user_errors(), BenchmarkError, JudgeError, ValueError)
+
+
+def eval_command(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="run folder written by `lora-triplay run`"),
+    benchmark: List[str] = typer.Option([], "--benchmark", "-b", help="NAME=PATH or NAME=FORMAT:PATH (formats: harmbench, jbb, jbb-harmful, jbb-benign, xstest, strongreject, generic, generic-benign); repeatable"),
+    out: Path = typer.Option(..., "--out", "-o", help="aggregated results JSON; per-item results go to OUT.items.jsonl"),
+    iterations: str = typer.Option("all", "--iterations", help="all, latest, or N,M,... (blue always adds base as iteration 0)"),
+    judge: str = typer.Option("rules", "--judge", help="rules, eval, eval@N, or openai:MODEL@URL (key from LORA_TRIPLAY_JUDGE_API_KEY or OPENAI_API_KEY)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N items of each benchmark, red prompt set and eval set"),
+    defender: List[str] = typer.Option(["base"], "--defender", help="red's fixed defenders: base, blue (latest), blue@N, openai:MODEL@URL; repeatable"),
+    red_prompts: Optional[str] = typer.Option(None, "--red-prompts", help="basic prompts for red (default: the first benchmark's harmful items)"),
+    eval_set: Optional[str] = typer.Option(None, "--eval-set", help="labelled CSV/JSONL with prompt, response, label (negative|unsafe, rejective|refusal, positive|safe)"),
+    roles: str = typer.Option("blue,red,eval", "--roles", help="which roles to measure"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="answer length (default: the recipe's grpo.max_new_tokens)"),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (reproducible)"),
+    seed: int = typer.Option(0, "--seed", help="torch seed for sampled answers"),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="items per generate call (a chunk is written before the next starts)"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: the recipe's)"),
+    embedding_model: Optional[str] = typer.Option(None, "--embedding-model", help="encoder for OD (default: the recipe's rewards.embedding_model)"),
+    fresh: bool = typer.Option(False, "--fresh", help="delete OUT.items.jsonl and compute everything again"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+    debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
+) -> None:
+    """Measure a run's snapshots: blue's ASR and over-refusal on benchmarks, red's ASR
+    against fixed defenders and its output diversity, eval's accuracy.
+
+    Example: `lora-triplay eval adapters/run -b jbb=data/jbb/harmful-behaviors.csv -b xstest=data/xstest/xstest_prompts.csv --limit 50 --out results.json`
+    """
+    from rich.console import Console
+
+    from .cli import _fail
+
+    logging.basicConfig(level=logging.INFO if not debug else logging.DEBUG, format="%(message)s")
+    chosen = [r.strip() for r in roles.split(",") if r.strip()]
+    try:
+        from .evaluate import ROLES, EvalOptions, run_eval
+
+        unknown = [r for r in chosen if r not in ROLES]
+        if unknown:
+            raise ValueError(f"--roles: unknown {unknown}; use a list of {', '.join(ROLES)}")
+        if not benchmark and not red_prompts and not eval_set:
+            raise ValueError("nothing to measure: give --benchmark NAME=PATH, --red-prompts PATH or --eval-set PATH")
+        opts = EvalOptions(
+            run_dir=run_dir, out=out, benchmarks=list(benchmark), iterations=iterations, judge=judge, limit=limit,
+            defenders=list(defender), red_prompts=red_prompts, eval_set=eval_set, roles=chosen,
+            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size, device=device,
+            embedding_model=embedding_model, fresh=fresh, progress=not no_progress,
+        )
+        console = Console(stderr=True)
+        result = run_eval(opts, console=console)
+    except _errors() as exc:
+        _fail(exc, debug)
+        return
+    typer.echo(summary_lines(result))
+    typer.echo(f"wrote {out} (per item: {result['items_file']})")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_lines(result: dict) -> str:
+    lines = [f"judge: {result['judge']}; work: {result['work']}"]
+    for name, b in result.get("benchmarks", {}).items():
+        for it, m in b["iterations"].items():
+            lines.append(f"blue  {name:<20} it {it:>3} ({m['defender']}): ASR {_pct(m['asr'])}  over-refusal {_pct(m['over_refusal'])}  n={m['n']}")
+    red = result.get("red")
+    if red:
+        for it, m in red["iterations"].items():
+            asr = "  ".join(f"ASR vs {d} {_pct(v)}" for d, v in m["asr"].items())
+            od = "-" if m["od"] is None else f"{m['od']:.3f}"
+            lines.append(f"red   {red['prompts']['name']:<20} it {it:>3}: {asr}  OD {od}  valid {_pct(m['valid_rewrite_rate'])}")
+    acc = result.get("eval_accuracy")
+    if acc:
+        for it, m in acc["iterations"].items():
+            lines.append(f"eval  accuracy it {it:>3}: {_pct(m['accuracy'])} (unparsed {m['unparsed']} of {m['n']})")
+    return "\n".join(lines)
+
+
+def report_command(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="run folder written by `lora-triplay run`"),
+    out: Path = typer.Option(..., "--out", "-o", help="folder for the PNG plots, summary.md and report.json"),
+    eval_results: Optional[Path] = typer.Option(None, "--eval", help="results JSON written by `lora-triplay eval`"),
+    debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
+) -> None:
+    """Plot a run's training curves (and evaluation results) and write a Markdown summary.
+
+    Example: `lora-triplay report adapters/run --eval results.json --out adapters/run/report`
+    """
+    from .cli import _fail
+
+    try:
+        from .report import make_report
+
+        made = make_report(run_dir, out, eval_results)
+    except (*_errors(), ImportError) as exc:
+        _fail(exc, debug)
+        return
+    for f in made["files"]:
+        typer.echo(f"wrote {Path(out) / f}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)

@@ -1,0 +1,116 @@
+"""Exact resume: SIGKILL a tiny-model run at five different moments, resume
+each time, and require the end state to equal an uninterrupted run's bit for
+bit: adapters, optimizer states, attack success pool, eval's pairs and the
+panel's labels, metrics (timings aside)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+RECIPE = """\
+model: {{base: "{base}", device: cpu, dtype: float32}}
+lora: {{rank: 4, alpha: 8}}
+iterations: 2
+phases: {{red: {{steps: 2}}, blue: {{steps: 2}}, eval: {{steps: 2}}}}
+grpo: {{group_size: 4, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}}
+rewards: {{judge_mode: choice, embedding_model: hashing}}
+defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}, {{name: blue@1, weight: 0.5}}]
+experts: {{safety_experts: 2, utility_experts: 2}}
+"""
+# Each entry: the moment the process kills itself (n-th time it gets there).
+CRASHES = ["generate:3", "optimizer:2", "checkpoint:2", "snapshot:3", "commit:4"]
+pytestmark = pytest.mark.slow
+
+
+def _cli(recipe: Path, run_dir: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("LORA_TRIPLAY_CRASH_AT", None)
+    if crash:
+        env["LORA_TRIPLAY_CRASH_AT"] = crash
+    cmd = [sys.executable, "-m", "lora_triplay.cli", "run", str(recipe), "--run-dir", str(run_dir), *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for file in sorted(folder.rglob("*.safetensors")):
+        for key, value in load_file(str(file)).items():
+            out[f"{file.relative_to(folder)}::{key}"] = value
+    return out
+
+
+def _final_state(run: Path) -> dict:
+    state = json.loads((run / "state.json").read_text())
+    metrics = [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
+               for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "state": {k: v for k, v in state.items() if k != "rng"},
+        "metrics": metrics,
+        **{name: (run / f"{name}.jsonl").read_text() for name in ("asp", "eval_pairs", "panel")},
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("resume")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(RECIPE.format(base=tiny_model_dir))
+    reference = _cli(recipe, root / "reference")
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    killed = root / "killed"
+    for i, crash in enumerate(CRASHES):
+        proc = _cli(recipe, killed, *(["--resume"] if i else []), crash=crash)
+        assert proc.returncode == -signal.SIGKILL, f"{crash}: expected a SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
+    final = _cli(recipe, killed, "--resume")
+    assert final.returncode == 0, final.stderr[-2000:]
+    return root / "reference", killed
+
+
+def test_resumed_run_equals_uninterrupted_run(runs):
+    reference, killed = runs
+    ref, got = _final_state(reference), _final_state(killed)
+    assert got["state"] == ref["state"]
+    assert got["metrics"] == ref["metrics"]
+    for name in ("asp", "eval_pairs", "panel"):
+        assert got[name] == ref[name], f"{name}.jsonl differs"
+
+
+def test_adapters_and_optimizers_are_bit_identical(runs):
+    reference, killed = runs
+    for sub in ("checkpoints", "red", "blue", "eval"):
+        ref, got = _tensors(reference / sub), _tensors(killed / sub)
+        assert ref.keys() == got.keys(), sub
+        for key in ref:
+            assert torch.equal(ref[key], got[key]), key
+
+
+def test_no_half_written_folders_survive(runs):
+    _, killed = runs
+    leftovers = [p for p in killed.rglob(".*") if p.name not in (".", "..")]
+    assert not leftovers, leftovers
+
+
+def test_resume_with_another_recipe_is_refused(runs, tmp_path):
+    reference, _ = runs
+    changed = tmp_path / "changed.yaml"
+    changed.write_text((reference / "recipe.yaml").read_text().replace("lr: 0.001", "lr: 0.002"))
+    proc = _cli(changed, reference, "--resume")
+    assert proc.returncode == 2
+    assert "grpo.lr: 0.001 -> 0.002" in proc.stderr and "--allow-recipe-change" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_new_run_never_overwrites_an_existing_one(runs, tmp_path):
+    reference, _ = runs
+    before = (reference / "state.json").read_text()
+    proc = _cli(reference / "recipe.yaml", reference)
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    assert (reference / "state.json").read_text() == before
