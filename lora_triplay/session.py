@@ -155,6 +155,13 @@ class Session:
     def _checkpoint(self, role: str) -> str:
         """Write the role's adapter and optimizer state into a new checkpoint
         folder; it counts once `state.json` points to it."""
+        bad = [n for n, t in adapter_parameters(self.model, ROLE_ADAPTERS[role]).items() if not torch.isfinite(t).all()]
+        if bad:
+            raise RunError(
+                f"the {role} adapter holds NaN/inf weights ({bad[0]}); it was not saved. The last good one is "
+                f"{self.store.root / self.state['checkpoints'].get(role, '?')}; lower grpo.lr and resume with --allow-recipe-change"
+            )
+
         def fill(tmp: Path) -> None:
             save_adapter(self.model, ROLE_ADAPTERS[role], tmp, self.base_path, _write_bytes)
             crash_point("checkpoint")  # half-written: the folder still has its temp name

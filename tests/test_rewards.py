@@ -67,3 +67,22 @@ def test_eval_reward():
     assert eval_reward("negative", "negative") == 1.0
     assert eval_reward("positive", "rejective") == 0.0
     assert eval_reward(None, "rejective") == 0.0  # malformed: lowest reward, not dropped
+
+
+def test_expected_value_rewards_from_class_probabilities():
+    # Soft labels (choice mode): R = sum_c p(c) R[c].
+    from lora_triplay.rewards import blue_reward, class_value, red_reward
+
+    probs = {"negative": 0.5, "rejective": 0.3, "positive": 0.2}
+    assert class_value(probs, {"negative": -1.0, "rejective": 0.0, "positive": 1.0}) == pytest.approx(-0.3)
+    assert blue_reward(probs) == pytest.approx(-0.5 + 0.2)
+    # red: blue (w 1) 50% negative, base (w 0.5) 100% negative; semantic p(yes) = 0.8 of value 1;
+    # empty pool -> no penalty: 1*0.5 + 0.5*1 + 0.8 = 1.8
+    reward, subs = red_reward(
+        {"blue": probs, "base": {"negative": 1.0, "rejective": 0.0, "positive": 0.0}},
+        {"blue": 1.0, "base": 0.5}, {"negative": 1.0, "rejective": 0.0, "positive": 0.0},
+        0.8, 1.0, 0.0, 0.0, 2.0, 4.0, math.log(11 / 6),
+    )
+    assert reward == pytest.approx(1.8) and subs["semantic"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="maybe"):
+        class_value({"maybe": 1.0}, {"negative": 1.0})

@@ -1,0 +1,49 @@
+"""Base loading and adapter files: clear errors, safetensors only."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lora_triplay.model import ModelError, load_adapter_weights, read_adapter_state, resolve_base, save_adapter
+from lora_triplay.store import atomic_write
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("embedded:llama-7b", "not a known built-in"),
+    ("./no/such/folder", "no such folder"),
+    ("not a hub id at all", "not a hub id"),
+])
+def test_bad_base_specs_are_clear(spec, needle):
+    with pytest.raises(ModelError, match=needle):
+        resolve_base(spec)
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(ModelError, match="config.json"):
+        resolve_base(str(tmp_path))
+
+
+def test_pickle_adapters_are_refused(tmp_path):
+    (tmp_path / "adapter_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(ModelError, match="pickle"):
+        read_adapter_state(tmp_path)
+
+
+def test_wrong_rank_is_refused(role_model, tmp_path):
+    model, _ = role_model
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["base_model_name_or_path"] == "tiny"
+    with pytest.raises(ModelError, match="rank 4 differs from lora.rank = 8"):
+        read_adapter_state(tmp_path, expect_rank=8)
+
+
+def test_save_then_load_into_another_slot(role_model, tmp_path):
+    model, _ = role_model
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    load_adapter_weights(model, "blue", tmp_path)
+    red = {n.replace(".red.", "."): p for n, p in model.named_parameters() if ".red." in n}
+    blue = {n.replace(".blue.", "."): p for n, p in model.named_parameters() if ".blue." in n}
+    assert red.keys() == blue.keys() and all(torch.equal(red[k], blue[k]) for k in red)

@@ -1,0 +1,73 @@
+"""The run folder's primitives: atomic files and folders, JSONL cut-back,
+optimizer state without pickles, RNG round trip."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from lora_triplay.store import RunStore, atomic_write, restore_rng, rng_state
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    target = tmp_path / "a" / "f.json"
+    atomic_write(target, b"one")
+    atomic_write(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert [p.name for p in target.parent.iterdir()] == ["f.json"]  # no temp files left
+
+
+def test_jsonl_truncate_to_committed_count(tmp_path):
+    store = RunStore(tmp_path / "run").create()
+    store.append_jsonl("metrics", [{"step": 1}, {"step": 2}])
+    store.append_jsonl("metrics", [{"step": 3}])  # written, then the process died before commit
+    store.truncate_jsonl("metrics", 2)
+    assert [r["step"] for r in store.read_jsonl("metrics")] == [1, 2]
+
+
+def test_run_folder_is_private(tmp_path):
+    store = RunStore(tmp_path / "run").create()
+    assert (store.root.stat().st_mode & 0o777) == 0o700
+
+
+def test_write_folder_is_all_or_nothing(tmp_path):
+    store = RunStore(tmp_path / "run").create()
+
+    def fill_then_fail(tmp):
+        (tmp / "adapter_model.safetensors").write_bytes(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        store.write_folder(store.snapshot_dir("red", 1), fill_then_fail)
+    assert not store.snapshot_dir("red", 1).exists()
+    assert list((store.root / "red").iterdir()) == []
+    assert store.snapshots("red") == []
+
+
+def test_optimizer_state_round_trip_without_pickle(tmp_path):
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    for _ in range(2):
+        sum(p.square().sum() for p in params).backward()
+        opt.step()
+    RunStore.save_optimizer(tmp_path, opt)
+    assert {p.name for p in tmp_path.iterdir()} == {"optimizer.safetensors", "optimizer.json"}
+    fresh = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params], lr=5.0)
+    assert RunStore.load_optimizer(tmp_path, fresh)
+    a, b = opt.state_dict(), fresh.state_dict()
+    assert b["param_groups"][0]["lr"] == 1e-2
+    for idx in a["state"]:
+        for key, value in a["state"][idx].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["state"][idx][key])), key
+
+
+def test_rng_round_trip_through_json():
+    random.seed(1); np.random.seed(2); torch.manual_seed(3)
+    saved = json.loads(json.dumps(rng_state()))
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9); np.random.seed(9); torch.manual_seed(9)
+    restore_rng(saved)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
