@@ -257,7 +257,11 @@ def load_adapter_weights(model, adapter: str, folder: Path, expect_rank: int | N
     from peft.utils import set_peft_model_state_dict
 
     state = read_adapter_state(folder, expect_rank)
-    result = set_peft_model_state_dict(model, state, adapter_name=adapter)
+    try:
+        result = set_peft_model_state_dict(model, state, adapter_name=adapter)
+    except RuntimeError as exc:  # shape mismatch: another base or rank
+        first = str(exc).strip().splitlines()[-1][:200]
+        raise ModelError(f"{folder}: the adapter does not fit this base model ({first}); was it trained on another base?") from None
     missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
     if missing:
         raise ModelError(f"{folder}: {len(missing)} adapter tensors do not fit this base (e.g. {missing[0]}); was it trained on another base model?")

@@ -154,6 +154,14 @@ class DataConfig(_Strict):
     techniques: str = "builtin"
     limit: int | None = Field(None, ge=1)
 
+    @field_validator("basic_prompts", "techniques")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        # Fail at recipe load, not after minutes of model loading.
+        if v != "builtin" and not Path(v).expanduser().is_file():
+            raise ValueError(f"no such file {v!r}; give a CSV/JSONL path or `builtin`")
+        return v
+
 
 class RunConfig(_Strict):
     root: str = "adapters"

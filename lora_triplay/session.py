@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,7 @@ class Session:
     @classmethod
     def open(cls, recipe: Recipe, run_dir: Path, *, resume: bool = False, allow_recipe_change: bool = False) -> "Session":
         store = RunStore(run_dir)
+        created = False
         if resume:
             if not store.has_state():
                 raise RunError(f"--resume: {run_dir} holds no run (no state.json); drop --resume to start a new run there")
@@ -78,6 +80,7 @@ class Session:
         else:
             if store.has_state():
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
+            created = not Path(run_dir).exists()
             store.create()
             for name in JSONL:  # every run folder has the same files, empty or not
                 store.path(f"{name}.jsonl").touch(mode=0o600)
@@ -88,7 +91,12 @@ class Session:
                 "nonfinite": {role: 0 for role in ROLE_NAMES},
             }
         session = cls(recipe, store, state)
-        session._build(fresh=not resume)
+        try:
+            session._build(fresh=not resume)
+        except BaseException:
+            if not resume and created:  # a failed start leaves no half-made run behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         return session
 
     def _build(self, fresh: bool) -> None:

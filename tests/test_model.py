@@ -47,3 +47,16 @@ def test_save_then_load_into_another_slot(role_model, tmp_path):
     red = {n.replace(".red.", "."): p for n, p in model.named_parameters() if ".red." in n}
     blue = {n.replace(".blue.", "."): p for n, p in model.named_parameters() if ".blue." in n}
     assert red.keys() == blue.keys() and all(torch.equal(red[k], blue[k]) for k in red)
+
+
+def test_adapter_from_another_base_is_refused(role_model, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, _ = role_model
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    state = load_file(str(tmp_path / "adapter_model.safetensors"))
+    # Same rank, other hidden size: what another base model's adapter looks like.
+    save_file({k: torch.zeros(v.shape[0], v.shape[1] * 2) if "lora_A" in k else v for k, v in state.items()},
+              str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ModelError, match="another base"):
+        load_adapter_weights(model, "blue", tmp_path)
