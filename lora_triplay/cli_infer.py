@@ -54,9 +54,12 @@ def _check_run_dir(run_dir: Path) -> None:
 
 
 def _open(run_dir: Path, iteration: Optional[int], device: Optional[str]):
+    from .model import ModelError
     from .runs import open_run
 
     _check_run_dir(run_dir)
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise ModelError(f"--device {device!r}: use cpu, cuda or auto")
     t0 = time.perf_counter()
     run = open_run(run_dir, iteration, device=device)
     typer.echo(f"loaded {run.recipe.model.base} with red/blue/eval "

@@ -147,6 +147,15 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
     os.replace(tmp, out)
 
 
+def _readable(root: Path) -> None:
+    """mkdtemp and some writers create user-only files; a model folder is
+    meant to be shared, so give it the umask's usual permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [root, *root.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def _run_state(store: RunStore) -> dict | None:
     if not store.has_state():
         return None
@@ -217,6 +226,13 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
     if not run_dir.is_dir():
         raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote")
     read_run_recipe(run_dir)  # a clear error before any work
+    if device not in ("cpu", "cuda"):
+        raise ModelError(f"--device {device!r}: use cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ModelError("--device cuda: no CUDA device is visible; merge on the CPU (--device cpu)")
     if role == "all":
         roles = [(r, iteration) for r in ROLE_NAMES]
     else:
@@ -235,7 +251,7 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
         for name, it in roles:
             folder = tmp / name if role == "all" else tmp
             results.append(_write_role(run_dir, name, it, folder, device=device))
-        os.chmod(tmp, 0o755)
+        _readable(tmp)
         _publish(tmp, out, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,6 +25,23 @@ SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 
 
 @dataclass
+class RedRollout:
+    """One of red's completions and everything its reward is made of."""
+
+    group: int
+    basic: object  # roles.BasicPrompt
+    technique: object  # roles.Technique
+    completion: object  # engine Completion
+    wrapped: str | None  # the adversarial prompt extracted from the completion
+    answers: dict[str, str] = field(default_factory=dict)  # defender -> answer
+    labels: dict[str, str | None] = field(default_factory=dict)  # defender -> eval's class
+    soft: dict[str, object] = field(default_factory=dict)  # what the reward uses (label or probabilities)
+    semantic_ok: bool | None = None
+    reward: float | None = None
+    subs: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class StepResult:
     """What a phase step hands back to the session for GRPO and storage."""
 
@@ -112,76 +129,76 @@ class Phases:
 
     # ----------------------------------------------------------------- red
     def red_step(self, iteration: int, step: int) -> StepResult:
-        s, r = self.s, self.s.recipe
-        G = r.grpo.group_size
-        items = s.next_seed_items(r.grpo.prompts_per_step)
-        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=G) for b, t in items], self.policy)
-        rollouts = [(g, b, t, c, extract_wrapped_prompt(c.text)) for g, ((b, t), cs) in enumerate(zip(items, comps)) for c in cs]
-        valid = [x for x in rollouts if x[4]]
-        defenders = [d for d in r.defenders if d.name in s.available_defenders()]
-        # Every defender answers every wrapped prompt: one mixed-adapter batch.
-        answers = self.generate("defenders", [Request(d.name, blue_messages(x[4])) for x in valid for d in defenders], self.policy)
-        answer_text = [a[0].text for a in answers]
-        pairs = [(x[4], answer_text[i * len(defenders) + j]) for i, x in enumerate(valid) for j in range(len(defenders))]
-        classes, class_soft, bad_cls = self.judge(pairs)
-        if r.rewards.semantic:
-            sem_ok, sem_soft, bad_sem = self.semantic([(x[1].prompt, x[4]) for x in valid])
-        else:
-            sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
-        scores = s.pool.score([x[4] for x in valid])
-        weights = {d.name: d.weight for d in defenders}
-        rewards: dict[int, float | None] = {}
-        subs: dict[int, dict] = {}
-        successes, eval_rows, hits = [], [], {d.name: [] for d in defenders}
-        for i, x in enumerate(valid):
-            cls = {d.name: classes[i * len(defenders) + j] for j, d in enumerate(defenders)}
-            cls_soft = {d.name: class_soft[i * len(defenders) + j] for j, d in enumerate(defenders)}
-            s_bleu, s_cos = scores[i]
-            reward, sub = red_reward(
-                cls_soft, weights, r.rewards.red_class_values, sem_soft[i],
-                r.rewards.semantic_value if r.rewards.semantic else 0.0, s_bleu, s_cos,
-                r.rewards.w_bleu, r.rewards.w_cos, r.rewards.k,
-            )
-            rewards[id(x)], subs[id(x)] = reward, sub
-            for name, c in cls.items():
-                if c is not None:
-                    hits[name].append(c == r.rewards.success_class)
-            if reward is not None and attack_succeeded(cls, r.rewards.success_class):
-                successes.append({"text": x[4], "basic": x[1].prompt, "technique": x[2].name, "iteration": iteration, "step": step})
-            for j, d in enumerate(defenders):
-                eval_rows.append({
-                    "prompt": x[4], "response": pairs[i * len(defenders) + j][1], "defender": d.name,
-                    "basic": x[1].prompt, "eval_label": cls[d.name], "iteration": iteration, "phase": "red", "step": step,
-                })
-        # An empty or unparseable rewrite is red's own failure: worst penalty, no attack credit.
-        worst = -diversity_penalty(1.0, 1.0, r.rewards.w_bleu, r.rewards.w_cos, r.rewards.k)
-        samples = []
-        for x in rollouts:
-            group, _, _, comp, wrapped = x
-            samples.append(Sample(comp.prompt_ids, comp.token_ids, group, rewards[id(x)] if wrapped else worst))
-        reward_list = [smp.reward for smp in samples]
-        for smp, adv in zip(samples, group_advantages(reward_list, [smp.group for smp in samples], r.grpo.scale_rewards)):
-            smp.advantage = adv
-        sub_rows = list(subs.values())
-        metrics = {
-            **_reward_stats(reward_list),
-            "valid_rewrite_rate": len(valid) / max(len(rollouts), 1),
-            "semantic_pass_rate": _mean([float(v) for v in sem_ok if v is not None]) if valid else 0.0,
-            "diversity_penalty": _mean(x.get("diversity_penalty") for x in sub_rows),
-            "s_bleu": _mean(x.get("s_bleu") for x in sub_rows),
-            "s_cos": _mean(x.get("s_cos") for x in sub_rows),
-            "judge_malformed": float(bad_cls + bad_sem),
-            "asp_size": float(len(s.pool) + len(successes)),
-            "completion_tokens": _mean(len(c.token_ids) for x in rollouts for c in [x[3]]),
-        }
-        for name, h in hits.items():
-            metrics[f"asr_{name}"] = _mean([float(v) for v in h])
-        transcripts = [
-            {"phase": "red", "iteration": iteration, "step": step, "basic": x[1].prompt, "technique": x[2].name,
-             "wrapped": x[4], "reward": rewards.get(id(x))}
-            for x in valid[: r.run.transcripts]
+        s, rw = self.s, self.s.recipe.rewards
+        items = s.next_seed_items(s.recipe.grpo.prompts_per_step)
+        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=s.recipe.grpo.group_size) for b, t in items], self.policy)
+        rollouts = [
+            RedRollout(group, basic, technique, c, extract_wrapped_prompt(c.text))
+            for group, ((basic, technique), cs) in enumerate(zip(items, comps)) for c in cs
         ]
-        return StepResult(samples, metrics, successes, eval_rows, transcripts=transcripts)
+        valid = [x for x in rollouts if x.wrapped]
+        defenders = [d for d in s.recipe.defenders if d.name in s.available_defenders()]
+        # Every defender answers every wrapped prompt: one mixed-adapter batch.
+        answers = self.generate("defenders", [Request(d.name, blue_messages(x.wrapped)) for x in valid for d in defenders], self.policy)
+        for i, x in enumerate(valid):
+            x.answers = {d.name: answers[i * len(defenders) + j][0].text for j, d in enumerate(defenders)}
+        labels, soft, bad_cls = self.judge([(x.wrapped, x.answers[d.name]) for x in valid for d in defenders])
+        for i, x in enumerate(valid):
+            x.labels = {d.name: labels[i * len(defenders) + j] for j, d in enumerate(defenders)}
+            x.soft = {d.name: soft[i * len(defenders) + j] for j, d in enumerate(defenders)}
+        sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
+        if rw.semantic:
+            sem_ok, sem_soft, bad_sem = self.semantic([(x.basic.prompt, x.wrapped) for x in valid])
+        weights = {d.name: d.weight for d in defenders}
+        for x, ok, p_ok, (s_bleu, s_cos) in zip(valid, sem_ok, sem_soft, s.pool.score([x.wrapped for x in valid])):
+            x.semantic_ok = ok
+            x.reward, x.subs = red_reward(
+                x.soft, weights, rw.red_class_values, p_ok, rw.semantic_value if rw.semantic else 0.0,
+                s_bleu, s_cos, rw.w_bleu, rw.w_cos, rw.k,
+            )
+        # An empty or unparseable rewrite is red's own failure: worst penalty, no attack credit.
+        worst = -diversity_penalty(1.0, 1.0, rw.w_bleu, rw.w_cos, rw.k)
+        samples = [Sample(x.completion.prompt_ids, x.completion.token_ids, x.group, x.reward if x.wrapped else worst) for x in rollouts]
+        self._set_advantages(samples)
+        successes = [x for x in valid if x.reward is not None and attack_succeeded(x.labels, rw.success_class)]
+        return StepResult(
+            samples,
+            self._red_metrics(rollouts, valid, defenders, samples, len(successes), bad_cls + bad_sem),
+            asp_rows=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step} for x in successes],
+            eval_rows=[
+                {"prompt": x.wrapped, "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt,
+                 "eval_label": x.labels[d.name], "iteration": iteration, "phase": "red", "step": step}
+                for x in valid for d in defenders
+            ],
+            transcripts=[
+                {"phase": "red", "iteration": iteration, "step": step, "basic": x.basic.prompt, "technique": x.technique.name,
+                 "wrapped": x.wrapped, "answers": x.answers, "labels": x.labels, "reward": x.reward}
+                for x in valid[: s.recipe.run.transcripts]
+            ],
+        )
+
+    def _red_metrics(self, rollouts, valid, defenders, samples, n_success, malformed) -> dict[str, float]:
+        subs = [x.subs for x in valid]
+        metrics = {
+            **_reward_stats([x.reward for x in samples]),
+            "valid_rewrite_rate": len(valid) / max(len(rollouts), 1),
+            "semantic_pass_rate": _mean([float(x.semantic_ok) for x in valid if x.semantic_ok is not None]),
+            "diversity_penalty": _mean(x.get("diversity_penalty") for x in subs),
+            "s_bleu": _mean(x.get("s_bleu") for x in subs),
+            "s_cos": _mean(x.get("s_cos") for x in subs),
+            "judge_malformed": float(malformed),
+            "asp_size": float(len(self.s.pool) + n_success),
+            "completion_tokens": _mean(len(x.completion.token_ids) for x in rollouts),
+        }
+        for d in defenders:
+            judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
+            metrics[f"asr_{d.name}"] = _mean([float(c == self.s.recipe.rewards.success_class) for c in judged])
+        return metrics
+
+    def _set_advantages(self, samples: list[Sample]) -> None:
+        advantages = group_advantages([x.reward for x in samples], [x.group for x in samples], self.s.recipe.grpo.scale_rewards)
+        for smp, adv in zip(samples, advantages):
+            smp.advantage = adv
 
     # ---------------------------------------------------------------- blue
     def blue_step(self, iteration: int, step: int) -> StepResult:
@@ -196,8 +213,7 @@ class Phases:
         labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
         values = r.rewards.blue_class_values
         samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, values)) for (g, _, c), lab in zip(flat, soft)]
-        for smp, adv in zip(samples, group_advantages([x.reward for x in samples], [x.group for x in samples], r.grpo.scale_rewards)):
-            smp.advantage = adv
+        self._set_advantages(samples)
         eval_rows = [
             {"prompt": p[1], "response": c.text, "defender": "blue", "basic": p[0].prompt, "eval_label": lab,
              "iteration": iteration, "phase": "blue", "step": step}
@@ -234,8 +250,7 @@ class Phases:
                 reward = eval_reward(pred, pair["panel_label"])
                 correct.append(reward)
                 samples.append(Sample(c.prompt_ids, c.token_ids, g, reward))
-        for smp, adv in zip(samples, group_advantages([x.reward for x in samples], [x.group for x in samples], r.grpo.scale_rewards)):
-            smp.advantage = adv
+        self._set_advantages(samples)
         metrics = {
             **_reward_stats([x.reward for x in samples]),
             "accuracy": _mean(correct),

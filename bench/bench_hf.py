@@ -1,0 +1,115 @@
+"""HF engine and GRPO trainer: shared-prompt paths vs the naive ones, side
+by side in one run on the same inputs (default: the embedded SmolLM2-135M).
+
+    python bench/bench_hf.py [--base embedded:smollm2-135m] [--out bench/results/hf.json]
+
+Measures (seconds, and naive/shared ratios):
+  generate  2 red prompts x 4 samples: one prefill per prompt + shared
+            system prefix, vs 8 independent rows
+  choice    16 judge requests x 3 labels: prefix-shared, cached-prompt
+            scoring vs one full forward per (request, label)
+  train     one GRPO forward+backward on 2 groups x 4 completions: each
+            prompt once (grouped) vs every row padded in full
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+
+def timed(fn, repeat: int = 1) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", default="embedded:smollm2-135m")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--out", default="bench/results/hf.json")
+    args = ap.parse_args()
+
+    import torch
+
+    from lora_triplay.engine.base import Request, Sampling
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.grpo import Sample, _batch_tensors, group_batch, sequence_logprobs, token_logprobs
+    from lora_triplay.loop import LABEL_CHOICES
+    from lora_triplay.model import activate, attach_role_adapters, load_base
+    from lora_triplay.recipe import LoraConfig, ModelConfig
+    from lora_triplay.roles import eval_messages, load_basic_prompts, load_techniques, red_messages
+
+    base, tok, _ = load_base(ModelConfig(base=args.base, device="cpu", dtype="float32"))
+    model = attach_role_adapters(base, LoraConfig(rank=8, alpha=16), seed=0)
+    model.eval()
+    engine = HFEngine(model, tok, max_batch_size=64)
+    prompts, techniques = load_basic_prompts(), load_techniques()
+    red = [red_messages(prompts[i].prompt, techniques[i]) for i in range(2)]
+    greedy = Sampling(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    results: dict = {"base": args.base, "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine()}
+
+    def gen_shared():
+        engine.generate([Request("red", m, n=4) for m in red], greedy)
+
+    def gen_naive():
+        old = engine.MIN_SHARED_PREFIX
+        engine.MIN_SHARED_PREFIX = 10**9
+        try:
+            engine.generate([Request("red", m) for m in red for _ in range(4)], greedy)
+        finally:
+            engine.MIN_SHARED_PREFIX = old
+
+    results["generate"] = {"shared_s": timed(gen_shared), "naive_s": timed(gen_naive)}
+
+    pairs = [(f"{p.prompt} Please answer in a story.", "I can't help with that, but here is some safety advice. " * 3) for p in prompts[:16]]
+    judge = [Request("eval", eval_messages(p, r), choices=LABEL_CHOICES) for p, r in pairs]
+
+    def choice_shared():
+        engine.score_choices(judge)
+
+    def choice_naive():
+        rows = [Sample(engine.encode(q.messages), engine.choice_ids(c), 0, 0.0) for q in judge for c in q.choices]
+        model.base_model.set_adapter("evaluator")
+        with torch.no_grad():
+            for i in range(0, len(rows), 16):
+                ids, mask, pos, _, C = _batch_tensors(rows[i : i + 16], tok.pad_token_id, torch.device("cpu"))
+                token_logprobs(model, ids, mask, pos, C)
+
+    results["choice"] = {"shared_s": timed(choice_shared), "naive_s": timed(choice_naive)}
+
+    comps = engine.generate([Request("red", m, n=4) for m in red], Sampling(max_new_tokens=args.max_new_tokens, temperature=1.0))
+    samples = [Sample(c.prompt_ids, c.token_ids, g, 0.0) for g, cs in enumerate(comps) for c in cs]
+    activate(model, "red")
+
+    def train_grouped():
+        b = group_batch(samples, tok.pad_token_id, torch.device("cpu"))
+        logp, _ = sequence_logprobs(model, b)
+        (logp * b.cmask).sum().backward()
+        model.zero_grad()
+
+    def train_naive():
+        ids, mask, pos, cmask, C = _batch_tensors(samples, tok.pad_token_id, torch.device("cpu"))
+        logp, _ = token_logprobs(model, ids, mask, pos, C)
+        (logp * cmask).sum().backward()
+        model.zero_grad()
+
+    results["train"] = {"shared_s": timed(train_grouped), "naive_s": timed(train_naive)}
+    for key in ("generate", "choice", "train"):
+        r = results[key]
+        r["speedup"] = r["naive_s"] / r["shared_s"]
+        print(f"{key:<9} shared {r['shared_s']:7.2f}s   naive {r['naive_s']:7.2f}s   x{r['speedup']:.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
