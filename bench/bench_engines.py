@@ -10,6 +10,8 @@ counts are comparable; the number of rows where they agree is reported):
   vllm_mixed    vLLM engine, all adapters in one generate() call
   sync          one VLLMEngine.sync_adapter (save adapter + register new version)
   fresh_engine  building a VLLMEngine from scratch (vllm already imported)
+Both engines get --threads CPU threads (vLLM runs in-process, idle while HF
+runs). On a shared machine, check loadavg_* in the JSON before trusting it.
 Prints a table and writes bench/results/engines.json.
 """
 from __future__ import annotations
@@ -25,7 +27,6 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,26 +79,29 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--per-adapter", type=int, default=8, help="prompts per adapter (4 adapters)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--hf-threads", type=int, default=os.cpu_count() or 1,
-                    help="torch threads for the HF engine (it runs while vLLM is idle: in-process engine)")
+    ap.add_argument("--threads", type=int, default=1 if (os.cpu_count() or 1) <= 2 else os.cpu_count(),
+                    help="CPU threads for both engines (HF: torch threads; vLLM: VLLM_CPU_OMP_THREADS_BIND=0..N-1); "
+                    "default 1 on <= 2 cores, where 2 threads collapse (5-10x) whenever another process is busy")
     ap.add_argument("--syncs", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engines.json"))
     args = ap.parse_args()
 
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(i) for i in range(args.threads)))
     import torch
 
     from lora_triplay.engine.base import Sampling
     from lora_triplay.engine.hf import HFEngine
 
-    torch.set_num_threads(args.hf_threads)
+    torch.set_num_threads(args.threads)
     model, tok, path, lora = build(args.base, args.rank)
     reqs = requests(args.per_adapter)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=0.0)
     results: dict = {
         "base": args.base, "base_path": path, "rank": args.rank, "requests": len(reqs),
         "per_adapter": args.per_adapter, "max_new_tokens": args.max_new_tokens, "greedy": True,
-        "cpu_count": os.cpu_count(), "platform": platform.platform(), "hf_threads": args.hf_threads,
+        "cpu_count": os.cpu_count(), "platform": platform.platform(), "threads": args.threads,
         "loadavg_start": os.getloadavg()[0],
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
     }
 
     # ---------------------------------------------------------------- HF

@@ -142,6 +142,14 @@ def play(
         recipe = read_run_recipe(run_dir)
         sel = Selection.from_specs(role, iteration)
         defenders = resolve_defenders(recipe, sel, defender)
+        if not defender:  # the recipe may name snapshots this run has not reached: skip them, as training does
+            from .store import RunStore
+
+            have = RunStore(run_dir).snapshots("blue")
+            missing = [d for d in defenders if "@" in d and d not in sel.blues and int(d.split("@")[1]) not in have]
+            for d in missing:
+                typer.echo(f"warning: defender {d} skipped: no blue snapshot of that iteration (present: {have})", err=True)
+            defenders = [d for d in defenders if d not in missing]
         techniques = pick_techniques(
             load_techniques(None if recipe.data.techniques == "builtin" else recipe.data.techniques), len(texts), technique, seed,
         )

@@ -26,7 +26,7 @@ from .judge import LABELS, extract_wrapped_prompt, parse_label
 from .loop import LABEL_CHOICES
 from .model import ModelError
 from .recipe import ROLE_NAMES
-from .roles import Technique, blue_messages, eval_messages, load_basic_prompts, load_techniques, red_messages
+from .roles import Technique, blue_messages, eval_messages, load_basic_prompts, red_messages
 
 
 # ------------------------------------------------------------ selection

@@ -30,6 +30,7 @@ TRAINING_PANELS = {
     "eval_accuracy": ("eval accuracy vs panel labels", "accuracy", [("accuracy", "eval", "accuracy")]),
     "label_agreement": ("expert panel agreement", "agreement", [("panel_agreement", "eval", "panel_agreement")]),
 }
+RATE_PANELS = {"red_asr", "eval_accuracy", "label_agreement"}  # shares in [0, 1]: a fixed y range
 
 
 def _num(v) -> float | None:
@@ -136,6 +137,9 @@ def plot_training(panels: dict, bounds: list[dict], file: Path, title: str) -> N
         ax.set_title(ptitle, fontsize=10)
         ax.set_xlabel("global step")
         ax.set_ylabel(ylabel)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if name in RATE_PANELS:
+            ax.set_ylim(-0.03, 1.03)
         if panels.get(name):
             ax.legend(fontsize=7, loc="best")
         else:
