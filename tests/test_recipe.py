@@ -288,3 +288,11 @@ def test_cli_run_bad_override_exits_2(tmp_path: Path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "key=value" in lines[0]
+
+
+def test_remote_code_is_off_unless_the_recipe_asks():
+    from lora_triplay.recipe import Recipe
+
+    assert Recipe().model.trust_remote_code is False
+    for path in sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("*.yaml")):
+        assert load_recipe(path).model.trust_remote_code is False, path
