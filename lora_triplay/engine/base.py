@@ -90,3 +90,27 @@ class GenerationStats:
     new_tokens: int = 0
     seconds: float = 0.0
     per_adapter: dict[str, int] = field(default_factory=dict)
+
+
+def choose(engine, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
+    """Forced choice from the engine's `score_choices`, shared by both
+    backends so the same scores give the same picks: greedy takes the most
+    likely choice, sampling draws from softmax(total log-prob / temperature).
+    `choice_probs` is the untempered softmax, for expected-value rewards."""
+    import torch
+
+    results = []
+    for req, per_choice in zip(requests, engine.score_choices(requests)):
+        totals = torch.tensor([sum(lp) for lp in per_choice])
+        probs = torch.softmax(totals, -1).tolist()
+        prompt = engine.encode(req.messages)
+        comps = []
+        for _ in range(req.n):
+            if sampling.greedy:
+                pick = int(totals.argmax())
+            else:
+                pick = int(torch.multinomial(torch.softmax(totals / sampling.temperature, -1), 1))
+            choice = req.choices[pick]
+            comps.append(Completion(req.adapter, choice, prompt, engine.choice_ids(choice), per_choice[pick], True, choice_probs=probs))
+        results.append(comps)
+    return results

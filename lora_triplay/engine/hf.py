@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from ..roles import adapter_name
-from .base import BASE, Completion, GenerationStats, Request, Sampling
+from .base import BASE, Completion, GenerationStats, Request, Sampling, choose
 
 PEFT_BASE = "__base__"
 
@@ -238,19 +238,4 @@ class HFEngine:
         return out
 
     def _choose(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
-        scores = self.score_choices(requests)
-        results = []
-        for req, per_choice in zip(requests, scores):
-            totals = torch.tensor([sum(lp) for lp in per_choice])
-            probs = torch.softmax(totals, -1).tolist()
-            comps = []
-            for _ in range(req.n):
-                if sampling.greedy:
-                    pick = int(totals.argmax())
-                else:
-                    pick = int(torch.multinomial(torch.softmax(totals / sampling.temperature, -1), 1))
-                choice = req.choices[pick]
-                ids = self.choice_ids(choice)
-                comps.append(Completion(req.adapter, choice, self.encode(req.messages), ids, per_choice[pick], True, choice_probs=probs))
-            results.append(comps)
-        return results
+        return choose(self, requests, sampling)

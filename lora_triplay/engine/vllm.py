@@ -49,7 +49,7 @@ import torch
 
 from ..model import ModelError
 from ..roles import adapter_name, role_name
-from .base import BASE, Completion, GenerationStats, Request, Sampling
+from .base import BASE, Completion, GenerationStats, Request, Sampling, choose
 
 log = logging.getLogger(__name__)
 
@@ -511,23 +511,7 @@ class VLLMEngine:
         return out
 
     def _choose(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
-        """Identical to HFEngine._choose (same picks for the same scores)."""
-        scores = self.score_choices(requests)
-        results = []
-        for req, per_choice in zip(requests, scores):
-            totals = torch.tensor([sum(lp) for lp in per_choice])
-            probs = torch.softmax(totals, -1).tolist()
-            prompt = self.encode(req.messages)
-            comps = []
-            for _ in range(req.n):
-                if sampling.greedy:
-                    pick = int(totals.argmax())
-                else:
-                    pick = int(torch.multinomial(torch.softmax(totals / sampling.temperature, -1), 1))
-                choice = req.choices[pick]
-                comps.append(Completion(req.adapter, choice, prompt, self.choice_ids(choice), per_choice[pick], True, choice_probs=probs))
-            results.append(comps)
-        return results
+        return choose(self, requests, sampling)
 
     # ------------------------------------------------------------ teardown
     def close(self) -> None:
