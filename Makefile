@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM = false
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: install install-vllm demo test smoke-ci bench
+.PHONY: install install-vllm demo test smoke-ci bench gpu-wheels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,3 +50,13 @@ smoke-ci:
 
 bench:
 	$(BIN)/python bench/bench_engines.py
+
+# Wheels the GPU machine lacks (its image has torch/transformers/peft but no
+# pydantic, and no liger-kernel), for Python 3.12 on x86-64: carried to the
+# device as `.whl` for bench/gpu_check.sh.
+GPU_WHEELS ?= pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 liger-kernel==0.8.5
+gpu-wheels:
+	mkdir -p .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    -d .whl $(GPU_WHEELS)

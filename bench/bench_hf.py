@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.reference: the naive paths
 
 
 def timed(fn, repeat: int = 1) -> float:
@@ -40,7 +43,10 @@ def main() -> None:
 
     from lora_triplay.engine.base import Request, Sampling
     from lora_triplay.engine.hf import HFEngine
-    from lora_triplay.grpo import Sample, _batch_tensors, group_batch, sequence_logprobs, token_logprobs
+    from lora_triplay.forward import SHARED, completion_logprobs
+    from lora_triplay.grpo import Sample
+    from lora_triplay.logprobs import LogprobComputer
+    from tests.reference import batch_tensors as _batch_tensors, token_logprobs
     from lora_triplay.loop import LABEL_CHOICES
     from lora_triplay.model import activate, attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
@@ -89,9 +95,8 @@ def main() -> None:
     activate(model, "red")
 
     def train_grouped():
-        b = group_batch(samples, tok.pad_token_id, torch.device("cpu"))
-        logp, _ = sequence_logprobs(model, b)
-        (logp * b.cmask).sum().backward()
+        out = completion_logprobs(model, samples, tok.pad_token_id, SHARED, LogprobComputer("chunked"))
+        out.logp.sum().backward()
         model.zero_grad()
 
     def train_naive():

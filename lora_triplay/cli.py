@@ -52,6 +52,7 @@ def run(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default: <run.root>/<recipe>-<time>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --run-dir from its last completed step"),
     allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="on --resume, accept a recipe that differs from the saved one"),
+    skip_plan_check: bool = typer.Option(False, "--skip-plan-check", help="on CUDA, start even if `plan` says the recipe does not fit"),
     debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
 ) -> None:
     """Train red, blue and eval in turn with GRPO.
@@ -68,7 +69,7 @@ def run(
         folder = run_dir or _default_run_dir(recipe, recipe_path)
         from .progress import run_with_progress
 
-        run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change)
+        run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=not skip_plan_check)
     except _user_errors() as exc:
         _fail(exc, debug)
 
@@ -93,6 +94,43 @@ def validate(
             bad += 1
             typer.secho(f"error {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(EXIT_USER_ERROR if bad else 0)
+
+
+@app.command()
+def plan(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/14b.yaml"),
+    overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides"),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs (data parallel)"),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=1.0, help="GB per GPU"),
+    prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1, help="prompt length to plan for"),
+    json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
+) -> None:
+    """Memory per GPU for a recipe, from the model config alone (no weights).
+
+    Example: `lora-triplay plan recipes/14b.yaml --gpus 1 --gpu-memory 80`.
+    Exits with 2 and one line when the recipe cannot fit.
+    """
+    try:
+        from .plan import PlanError, make_plan, render
+        from .recipe import load_recipe
+
+        recipe = load_recipe(recipe_path, overrides or [])
+        try:
+            result = make_plan(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, prompt_tokens=prompt_tokens)
+        except PlanError as exc:
+            raise _user_errors()[0](str(exc)) from None
+    except _user_errors() as exc:
+        _fail(exc, debug)
+    if json_out:
+        import json
+
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        typer.echo(render(result, str(recipe_path)))
+    if not result.fits:
+        typer.secho(f"error: {result.refusal(str(recipe_path))}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_USER_ERROR)
 
 
 def _register_commands() -> None:

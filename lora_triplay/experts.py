@@ -62,14 +62,14 @@ def majority(votes: list[str | None], min_agreement: float) -> tuple[str | None,
 
 
 class ExpertPanel:
-    def __init__(self, engine, cfg, *, chat_max_tokens: int | None = None, choice_mode: bool = True):
+    def __init__(self, engine, cfg, *, max_new_tokens: int = 256, choice_mode: bool = True):
         self.engine = engine
         self.cfg = cfg
         templates = load_templates()
         self.safety = list(templates["safety_experts"])[: cfg.safety_experts]
         self.utility = list(templates["utility_experts"])[: cfg.utility_experts]
         self.choice_mode = choice_mode
-        self.sampling = Sampling(max_new_tokens=chat_max_tokens or cfg.max_new_tokens, temperature=0.0)
+        self.sampling = Sampling(max_new_tokens=cfg.max_new_tokens or max_new_tokens, temperature=0.0)
 
     def _ask(self, instructions: list[str], pairs: list[tuple[str, str]], choices: tuple[str, str]) -> list[list[str | None]]:
         """votes[pair][expert] from the prompted experts (base, greedy)."""

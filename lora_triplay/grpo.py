@@ -23,13 +23,18 @@ rollout batch logp_old is frozen at the first pass and clipping bites.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .faults import crash_point
+from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
+from .logprobs import LogprobComputer, logit_transform
 from .recipe import GrpoConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,103 +79,25 @@ def group_advantages(rewards: list[float | None], groups: list[int], scale: bool
     return out
 
 
-def _batch_tensors(samples: list[Sample], pad_id: int, device: torch.device):
-    """Prompts left-padded to P, completions right-padded to C, so every
-    completion starts at column P and `logits_to_keep=C+1` covers them all."""
-    P = max(len(s.prompt_ids) for s in samples)
-    C = max(len(s.completion_ids) for s in samples)
-    ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    cmask = torch.zeros((len(samples), C), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        ids[row, P - p : P] = torch.tensor(s.prompt_ids)
-        ids[row, P : P + c] = torch.tensor(s.completion_ids)
-        mask[row, P - p : P + c] = 1
-        cmask[row, :c] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids.to(device), mask.to(device), positions.to(device), cmask.to(device), C
-
-
-def token_logprobs(model, ids, mask, positions, C: int, with_entropy: bool = False, adapter_names: list[str] | None = None):
-    """Log-probs (and entropies) of the last C tokens of each row."""
-    extra = {"adapter_names": adapter_names} if adapter_names is not None else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=C + 1, use_cache=False, **extra)
-    logits = out.logits[:, :-1, :].float()
-    logp_all = torch.log_softmax(logits, dim=-1)
-    targets = ids[:, -C:]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
-
-
-@dataclass
-class GroupBatch:
-    """Samples laid out for a forward that computes each distinct prompt
-    once: prompts (left-padded) in one pass, then every completion on top of
-    its prompt's KV cache. A GRPO group's G samples share one prompt, so the
-    prompt (often most of the tokens) costs 1/G of a naive batch, forward
-    and backward; the gradient is the same."""
-
-    p_ids: torch.Tensor  # (U, P) distinct prompts
-    p_mask: torch.Tensor
-    p_pos: torch.Tensor
-    index: torch.Tensor  # (B,) row -> prompt
-    c_ids: torch.Tensor  # (B, C) completions, right-padded
-    cmask: torch.Tensor  # (B, C) float
-
-
-def group_batch(samples: list[Sample], pad_id: int, device: torch.device) -> GroupBatch:
-    keys = list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))
-    where = {k: i for i, k in enumerate(keys)}
-    P = max(len(k) for k in keys)
-    p_ids = torch.full((len(keys), P), pad_id, dtype=torch.long)
-    p_mask = torch.zeros_like(p_ids)
-    for i, k in enumerate(keys):
-        p_ids[i, P - len(k) :] = torch.tensor(k, dtype=torch.long)
-        p_mask[i, P - len(k) :] = 1
-    C = max(len(s.completion_ids) for s in samples)
-    c_ids = torch.full((len(samples), C), pad_id, dtype=torch.long)
-    cmask = torch.zeros((len(samples), C), dtype=torch.float32)
-    for r, s in enumerate(samples):
-        c_ids[r, : len(s.completion_ids)] = torch.tensor(s.completion_ids, dtype=torch.long)
-        cmask[r, : len(s.completion_ids)] = 1
-    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
-    index = torch.tensor([where[tuple(s.prompt_ids)] for s in samples], dtype=torch.long)
-    return GroupBatch(*(t.to(device) for t in (p_ids, p_mask, p_pos, index, c_ids, cmask)))
-
-
-def sequence_logprobs(model, b: GroupBatch, with_entropy: bool = False):
-    """Log-probs (B, C) of each completion token given its prompt."""
-    out = model(input_ids=b.p_ids, attention_mask=b.p_mask, position_ids=b.p_pos, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1:, :][b.index]  # predicts completion token 0
-    C = b.c_ids.shape[1]
-    if C > 1:
-        cache = out.past_key_values
-        cache.batch_select_indices(b.index)
-        mask = torch.cat([b.p_mask[b.index], b.cmask[:, : C - 1].long()], dim=1)
-        pos = b.p_pos[b.index, -1:] + 1 + torch.arange(C - 1, device=b.c_ids.device)
-        rest = model(input_ids=b.c_ids[:, : C - 1], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-        logits = torch.cat([logits, rest.logits], dim=1)
-    logp_all = torch.log_softmax(logits.float(), dim=-1)
-    logp = logp_all.gather(-1, b.c_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
-
-
 class GrpoLearner:
-    """Owns one role's optimizer; `step()` does one policy update."""
+    """Owns one role's optimizer; `step()` does one policy update.
 
-    def __init__(self, model, params: list[torch.nn.Parameter], cfg: GrpoConfig, lr: float, pad_id: int):
+    The forward layout (shared prompt or full sequence, see forward.py) is
+    chosen per step from the model's memory settings and logged when it
+    changes; log-probs come from `logprobs.LogprobComputer` (chunked, or a
+    fused kernel where one is installed on CUDA)."""
+
+    def __init__(self, model, params: list[torch.nn.Parameter], cfg: GrpoConfig, lr: float, pad_id: int,
+                 computer: LogprobComputer | None = None, max_new_tokens: int | None = None):
         self.model, self.params, self.cfg, self.pad_id = model, params, cfg, pad_id
+        self.max_new_tokens = max_new_tokens or cfg.max_new_tokens  # dr_grpo's constant normaliser
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         self.nonfinite_in_a_row = 0
+        if computer is None:
+            config = getattr(model, "config", None)
+            computer = LogprobComputer(cfg.logprob_kernel, cfg.logprob_chunk_tokens, logit_transform(config) if config is not None else None)
+        self.computer = computer
+        self.layout: str | None = None
 
     def _normaliser(self, cmask_rows: list[int]) -> list[float]:
         """Weight of each sequence's token-sum in the batch loss."""
@@ -180,66 +107,104 @@ class GrpoLearner:
         if self.cfg.loss_type == "dapo":
             total = max(sum(cmask_rows), 1)
             return [1.0 / total] * n
-        return [1.0 / (n * self.cfg.max_new_tokens)] * n  # dr_grpo
+        return [1.0 / (n * self.max_new_tokens)] * n  # dr_grpo
 
-    def _chunks(self, live: list[Sample]) -> list[list[Sample]]:
-        """Micro-batches for gradient accumulation, cut at group borders so
-        each group's shared prompt is computed once."""
-        groups: dict[tuple, list[Sample]] = {}
-        for smp in live:
-            groups.setdefault(tuple(smp.prompt_ids), []).append(smp)
-        ordered = list(groups.values())
-        n = max(1, min(self.cfg.grad_accumulation, len(ordered)))
-        size = math.ceil(len(ordered) / n)
-        return [[x for g in ordered[i : i + size] for x in g] for i in range(0, len(ordered), size)]
+    def place_state(self, device: torch.device | str) -> None:
+        """Move this role's optimizer state (AdamW's two moments) to `device`:
+        on a GPU only the active role's state needs to be there."""
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.device != torch.device(device) and key != "step":
+                    state[key] = value.to(device, non_blocking=True)
+
+    def _choose_layout(self) -> str:
+        layout = choose_layout(self.model, self.cfg.forward)
+        if layout != self.layout:
+            why = "gradient checkpointing drops the KV cache" if layout == FULL and self.cfg.forward == "auto" else f"grpo.forward = {self.cfg.forward}"
+            if layout == SHARED:
+                why = "each prompt computed once per group"
+            log.info("GRPO forward: %s (%s); log-probs in chunks of %d tokens", layout, why, self.cfg.logprob_chunk_tokens)
+            self.layout = layout
+        return layout
+
+    def _logprobs(self, part: list[Sample], layout: str, with_entropy: bool = False) -> Logprobs:
+        return completion_logprobs(self.model, part, self.pad_id, layout, self.computer, with_entropy=with_entropy)
+
+    def _plan(self, samples: list[Sample]):
+        live = [s for s in samples if s.completion_ids]
+        layout = self._choose_layout()
+        parts = pack(live, layout, self.cfg.max_tokens_per_microbatch, self.cfg.grad_accumulation)
+        weights = self._normaliser([len(s.completion_ids) for s in live])
+        return live, layout, parts, weights
+
+    def _accumulate(self, live, layout, parts, weights, old_logps, ref_logps, first: bool) -> dict[str, float]:
+        """Forward and backward over every micro-batch: the gradient of the
+        whole batch's loss ends up in the parameters' .grad."""
+        cfg, model = self.cfg, self.model
+        device = next(model.parameters()).device
+        eps_low, eps_high = cfg.clip_epsilon, cfg.clip_epsilon_high or cfg.clip_epsilon
+        totals = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, tokens=0)
+        for c_i, idx in enumerate(parts):
+            part = [live[i] for i in idx]
+            adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=device).unsqueeze(-1)
+            out = self._logprobs(part, layout, with_entropy=first)
+            logp, cmask = out.logp, out.cmask
+            if old_logps[c_i] is None:
+                old_logps[c_i] = logp.detach()
+            ratio = torch.exp(logp - old_logps[c_i])
+            surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+            per_token = -surr
+            kl = torch.zeros_like(logp)
+            if cfg.beta > 0:
+                if ref_logps[c_i] is None:
+                    with torch.no_grad(), model.disable_adapter():
+                        ref_logps[c_i] = self._logprobs(part, layout).logp
+                delta = ref_logps[c_i] - logp
+                kl = torch.exp(delta) - delta - 1
+                per_token = per_token + cfg.beta * kl
+            seq_w = torch.tensor([weights[i] for i in idx], dtype=torch.float32, device=device).unsqueeze(-1)
+            loss = (per_token * cmask * seq_w).sum()
+            loss.backward()
+            totals["tokens"] += int(cmask.sum().item())
+            totals["loss"] += loss.item()
+            totals["kl"] += (kl.detach() * cmask).sum().item()
+            if out.entropy is not None:
+                totals["entropy"] += (out.entropy * cmask).sum().item()
+            totals["clip"] += (((ratio.detach() - 1).abs() > eps_low).float() * cmask).sum().item()
+        return totals
+
+    def gradients(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """The on-policy gradient of one step's loss, without an optimizer
+        step (for tests and benchmarks: every path must give the same)."""
+        self.model.train()  # before _plan: the layout depends on the training mode
+        live, layout, parts, weights = self._plan(samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            self._accumulate(live, layout, parts, weights, [None] * len(parts), [None] * len(parts), first=True)
+        finally:
+            self.model.eval()
+        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
 
     def step(self, samples: list[Sample]) -> StepStats:
         """`updates_per_batch` policy updates on one rollout batch; with more
         than one, the ratio moves away from 1 and clipping takes effect."""
         cfg, model = self.cfg, self.model
-        device = next(model.parameters()).device
-        live = [s for s in samples if s.completion_ids]
         stats = StepStats()
-        if not live:
+        if not any(s.completion_ids for s in samples):
             stats.skipped = True
             return stats
-        chunks = self._chunks(live)
-        weight_of = dict(zip(map(id, live), self._normaliser([len(s.completion_ids) for s in live])))
-        eps_low, eps_high = cfg.clip_epsilon, cfg.clip_epsilon_high or cfg.clip_epsilon
-        old_logps: list[torch.Tensor | None] = [None] * len(chunks)
-        ref_logps: list[torch.Tensor | None] = [None] * len(chunks)
         model.train()
+        live, layout, parts, weights = self._plan(samples)
+        stats.extra["microbatches"] = float(len(parts))
+        old_logps: list[torch.Tensor | None] = [None] * len(parts)
+        ref_logps: list[torch.Tensor | None] = [None] * len(parts)
+        total_loss, grad_norm = 0.0, 0.0
         for update in range(cfg.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            total_loss = total_kl = total_ent = total_clip = 0.0
-            tokens = 0
-            for c_i, part in enumerate(chunks):
-                batch = group_batch(part, self.pad_id, device)
-                cmask = batch.cmask
-                adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=device).unsqueeze(-1)
-                logp, ent = sequence_logprobs(model, batch, with_entropy=True)
-                if old_logps[c_i] is None:
-                    old_logps[c_i] = logp.detach()
-                ratio = torch.exp(logp - old_logps[c_i])
-                surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-                per_token = -surr
-                kl = torch.zeros_like(logp)
-                if cfg.beta > 0:
-                    if ref_logps[c_i] is None:
-                        with torch.no_grad(), model.disable_adapter():
-                            ref_logps[c_i], _ = sequence_logprobs(model, batch)
-                    delta = ref_logps[c_i] - logp
-                    kl = torch.exp(delta) - delta - 1
-                    per_token = per_token + cfg.beta * kl
-                seq_w = torch.tensor([weight_of[id(s)] for s in part], dtype=torch.float32, device=device).unsqueeze(-1)
-                loss = (per_token * cmask * seq_w).sum()
-                loss.backward()
-                tokens += int(cmask.sum().item())
-                total_loss += loss.item()
-                total_kl += (kl.detach() * cmask).sum().item()
-                total_ent += (ent * cmask).sum().item()
-                clipped = ((ratio.detach() - 1).abs() > eps_low).float()
-                total_clip += (clipped * cmask).sum().item()
+            t = self._accumulate(live, layout, parts, weights, old_logps, ref_logps, first=update == 0)
+            total_loss, tokens = t["loss"], max(t["tokens"], 1)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
             if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
                 # Never let a NaN reach the adapter (or the snapshot on disk).
@@ -250,11 +215,9 @@ class GrpoLearner:
             crash_point("optimizer")
             self.optimizer.step()
             if update == 0:  # report the first update: the on-policy one
-                stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, tokens
-                stats.kl = total_kl / max(tokens, 1)
-                stats.entropy = total_ent / max(tokens, 1)
-                stats.clip_fraction = total_clip / max(tokens, 1)
-            stats.extra["clip_fraction_last_update"] = total_clip / max(tokens, 1)
+                stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, t["tokens"]
+                stats.kl, stats.entropy, stats.clip_fraction = t["kl"] / tokens, t["entropy"] / tokens, t["clip"] / tokens
+            stats.extra["clip_fraction_last_update"] = t["clip"] / tokens
         else:
             self.nonfinite_in_a_row = 0
         if stats.skipped:

@@ -106,7 +106,7 @@ class EvalJudge:
         run = self.get_run()
         adapter = run.ensure(self.name)
         choice = run.recipe.rewards.judge_mode == "choice"
-        sampling = Sampling(max_new_tokens=run.recipe.rewards.judge_max_new_tokens, temperature=0.0)
+        sampling = Sampling(max_new_tokens=run.recipe.judge_budget(), temperature=0.0)
         reqs = [Request(adapter, eval_messages(c.prompt, c.response), 1, LABEL_CHOICES if choice else None) for c in cases]
         outs = run.engine.generate(reqs, sampling)
         return [parse_label(o[0].text, LABELS, finished=o[0].finished).label for o in outs]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .engine.base import Request, Sampling
 from .faults import crash_point
 from .grpo import Sample, group_advantages
-from .judge import extract_wrapped_prompt, parse_label, parse_verdict
+from .judge import extract_wrapped_prompt, parse_label
 from .rewards import attack_succeeded, blue_reward, diversity_penalty, eval_reward, red_reward
 from .roles import blue_messages, eval_messages, red_messages, semantic_messages
 
@@ -76,13 +76,16 @@ class Phases:
         self.s = session
         self.timings: dict[str, float] = {}
         r = session.recipe
-        self.policy = Sampling(
-            max_new_tokens=r.grpo.max_new_tokens,
-            temperature=r.grpo.temperature,
-            top_p=r.grpo.top_p,
-            repetition_penalty=r.grpo.repetition_penalty,
-        )
-        self.judge_sampling = Sampling(max_new_tokens=r.rewards.judge_max_new_tokens, temperature=0.0)
+        # Each role samples with its own budget (phases.<role>.*, else grpo.*):
+        # red's rewrites are short, blue's answers long. Defenders answer with
+        # blue's budget. Judging is greedy within the judge budget; eval's own
+        # rollouts answer the same template, so they get the same budget.
+        self.sampling = {
+            role: Sampling(max_new_tokens=r.max_new_tokens_of(role), temperature=r.temperature_of(role),
+                           top_p=r.grpo.top_p, repetition_penalty=r.grpo.repetition_penalty)
+            for role in ("red", "blue", "eval")
+        }
+        self.judge_sampling = Sampling(max_new_tokens=r.judge_budget(), temperature=0.0)
         self.choice = r.rewards.judge_mode == "choice"
 
     # --------------------------------------------------------------- judge
@@ -131,7 +134,7 @@ class Phases:
     def red_step(self, iteration: int, step: int) -> StepResult:
         s, rw = self.s, self.s.recipe.rewards
         items = s.next_seed_items(s.recipe.grpo.prompts_per_step)
-        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=s.recipe.grpo.group_size) for b, t in items], self.policy)
+        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=s.recipe.group_size_of("red")) for b, t in items], self.sampling["red"])
         rollouts = [
             RedRollout(group, basic, technique, c, extract_wrapped_prompt(c.text))
             for group, ((basic, technique), cs) in enumerate(zip(items, comps)) for c in cs
@@ -139,7 +142,7 @@ class Phases:
         valid = [x for x in rollouts if x.wrapped]
         defenders = [d for d in s.recipe.defenders if d.name in s.available_defenders()]
         # Every defender answers every wrapped prompt: one mixed-adapter batch.
-        answers = self.generate("defenders", [Request(d.name, blue_messages(x.wrapped)) for x in valid for d in defenders], self.policy)
+        answers = self.generate("defenders", [Request(d.name, blue_messages(x.wrapped)) for x in valid for d in defenders], self.sampling["blue"])
         for i, x in enumerate(valid):
             x.answers = {d.name: answers[i * len(defenders) + j][0].text for j, d in enumerate(defenders)}
         labels, soft, bad_cls = self.judge([(x.wrapped, x.answers[d.name]) for x in valid for d in defenders])
@@ -203,12 +206,12 @@ class Phases:
     # ---------------------------------------------------------------- blue
     def blue_step(self, iteration: int, step: int) -> StepResult:
         s, r = self.s, self.s.recipe
-        G = r.grpo.group_size
+        G = r.group_size_of("blue")
         items = s.next_seed_items(r.grpo.prompts_per_step)
         # Blue trains on prompts written by the latest red.
-        wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.policy)
+        wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.sampling["red"])
         prompts = [(b, extract_wrapped_prompt(w[0].text) or b.prompt) for (b, _), w in zip(items, wraps)]
-        comps = self.generate("blue", [Request("blue", blue_messages(x), n=G) for _, x in prompts], self.policy)
+        comps = self.generate("blue", [Request("blue", blue_messages(x), n=G) for _, x in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
         values = r.rewards.blue_class_values
@@ -233,7 +236,7 @@ class Phases:
     # ---------------------------------------------------------------- eval
     def eval_step(self, iteration: int, step: int) -> StepResult:
         s, r = self.s, self.s.recipe
-        G = r.grpo.group_size
+        G = r.group_size_of("eval")
         t0 = time.perf_counter()
         panel_rows, panel_metrics = s.label_new_pairs(2 * r.grpo.prompts_per_step)
         self.timings["panel"] = time.perf_counter() - t0
@@ -241,7 +244,7 @@ class Phases:
         if not batch:
             return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics}, panel_rows=panel_rows)
         reqs = [Request("eval", eval_messages(p["prompt"], p["response"]), n=G, choices=LABEL_CHOICES if self.choice else None) for p in batch]
-        comps = self.generate("eval", reqs, self.policy)
+        comps = self.generate("eval", reqs, self.sampling["eval"])
         samples, correct, malformed = [], [], 0
         for g, (pair, cs) in enumerate(zip(batch, comps)):
             for c in cs:

@@ -128,28 +128,64 @@ def load_tokenizer(path: str, cfg: ModelConfig):
     return tok
 
 
+def pick_attention(cfg: ModelConfig, device: torch.device) -> str:
+    """`auto`: flash-attention 2 where it is installed on CUDA, else SDPA
+    (PyTorch's fused attention, everywhere); any other value is passed to
+    transformers as is."""
+    if cfg.attn_implementation != "auto":
+        if cfg.attn_implementation == "flash_attention_2" and (device.type != "cuda" or importlib.util.find_spec("flash_attn") is None):
+            raise ModelError("model.attn_implementation = 'flash_attention_2' needs CUDA and `pip install flash-attn`; use `auto` or `sdpa`")
+        return cfg.attn_implementation
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def quantization_config(cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """QLoRA's base: NF4 weights with double quantization, compute in the
+    run's dtype. CUDA and bitsandbytes only."""
+    if cfg.quantization == "none":
+        return None
+    if device.type != "cuda":
+        raise ModelError("model.quantization = '4bit' (QLoRA through bitsandbytes) runs on CUDA only; set model.quantization=none")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelError("model.quantization = '4bit' needs bitsandbytes: `pip install -e .[gpu]` or `pip install bitsandbytes`")
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+
+
 def load_base(cfg: ModelConfig):
     """Return (model, tokenizer, resolved_path) with every base weight frozen."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_base(cfg.base, cfg.revision)
     device = pick_device(cfg)
+    dtype = pick_dtype(cfg, device)
+    attention = pick_attention(cfg, device)
     kwargs: dict[str, Any] = dict(
-        dtype=pick_dtype(cfg, device),
+        dtype=dtype,
         trust_remote_code=cfg.trust_remote_code,
         use_safetensors=True,  # never unpickle weights
         revision=cfg.revision,
+        attn_implementation=attention,
     )
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
+    quant = quantization_config(cfg, device, dtype)
+    if quant is not None:
+        kwargs.update(quantization_config=quant, device_map={"": device.index or 0})
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
         raise ModelError(f"cannot load model.base = {cfg.base!r}: {str(exc).splitlines()[0]}") from None
-    model.to(device)
+    if quant is None:
+        model.to(device)
+    log.info("base %s: %s on %s, attention %s%s", cfg.base, str(dtype).removeprefix("torch."), device.type, attention,
+             ", 4-bit NF4 (QLoRA)" if quant is not None else "")
     for p in model.parameters():
         p.requires_grad_(False)
     if cfg.gradient_checkpointing:
+        # Non-reentrant: the only kind that lets log-probs flow through
+        # activations recomputed in backward without input grads.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     return model, load_tokenizer(path, cfg), path

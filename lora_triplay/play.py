@@ -150,7 +150,7 @@ def play_round(run, requests: list[str], *, sel: Selection, defenders: list[str]
     answers = engine.generate([Request(d, blue_messages(row["wrapped"])) for row in rows for d in defenders], sampling)
     pairs = [(row, d, a[0]) for i, row in enumerate(rows) for d, a in zip(defenders, answers[i * len(defenders):(i + 1) * len(defenders)])]
     choice = recipe.rewards.judge_mode == "choice"
-    judge_sampling = Sampling(max_new_tokens=recipe.rewards.judge_max_new_tokens, temperature=0.0)
+    judge_sampling = Sampling(max_new_tokens=recipe.judge_budget(), temperature=0.0)
     verdicts = engine.generate(
         [Request(sel.eval, eval_messages(row["wrapped"], ans.text), 1, LABEL_CHOICES if choice else None) for row, _, ans in pairs],
         judge_sampling,

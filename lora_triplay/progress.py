@@ -47,13 +47,13 @@ def summary_table(rows: list[dict], iteration: int) -> Table:
     return table
 
 
-def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool) -> None:
+def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True) -> None:
     from .session import Session
 
     console = Console(stderr=False)
     t0 = time.perf_counter()
     console.print(f"[bold]lora-triplay[/] base={recipe.model.base} engine={recipe.engine.backend} run={folder}")
-    session = Session.open(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change)
+    session = Session.open(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=check_plan)
     console.print(f"model ready in {time.perf_counter() - t0:.1f}s")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as bar:
         tasks: dict = {}

@@ -31,10 +31,19 @@ class ModelConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trust_remote_code: bool = False
-    attn_implementation: str | None = None
+    attn_implementation: str = Field(
+        "auto", description="`auto` (flash_attention_2 when installed on CUDA, else sdpa), or any transformers value: sdpa, eager, flash_attention_2"
+    )
+    quantization: Literal["none", "4bit"] = Field("none", description="4bit: QLoRA (bitsandbytes NF4 base, CUDA only)")
     enable_thinking: bool = False  # Qwen3 chat templates: thinking doubles tokens for no reward
     gradient_checkpointing: bool = False
     revision: str | None = None
+
+    @model_validator(mode="after")
+    def _quantization_needs_cuda(self) -> "ModelConfig":
+        if self.quantization == "4bit" and self.device == "cpu":
+            raise ValueError("quantization: 4bit (QLoRA through bitsandbytes) runs on CUDA only; set model.quantization=none on the CPU")
+        return self
 
 
 class LoraConfig(_Strict):
@@ -60,8 +69,14 @@ class EngineConfig(_Strict):
 
 
 class PhaseConfig(_Strict):
+    """One role's phase; sampling keys left empty take grpo's values (red's
+    prompts are short, blue's answers long: give each its own budget)."""
+
     steps: int = Field(1, ge=0)
     lr: float | None = Field(None, gt=0, description="overrides grpo.lr for this role")
+    max_new_tokens: int | None = Field(None, ge=1, description="this role's completions (blue's also bound defenders' answers)")
+    group_size: int | None = Field(None, ge=2, description="completions per prompt in this phase")
+    temperature: float | None = Field(None, gt=0)
 
 
 class PhasesConfig(_Strict):
@@ -80,7 +95,18 @@ class GrpoConfig(_Strict):
     beta: float = Field(0.01, ge=0)
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
     scale_rewards: bool = True
-    grad_accumulation: int = Field(1, ge=1, description="micro-batches per step (cut at group borders)")
+    grad_accumulation: int = Field(1, ge=1, description="at least this many micro-batches per step")
+    max_tokens_per_microbatch: int | None = Field(
+        16384, ge=1, description="padded tokens per forward/backward: micro-batches are cut to fit, so activation memory is "
+        "bounded whatever the lengths (a longer single row goes alone); null: grad_accumulation alone decides"
+    )
+    forward: Literal["auto", "shared_prompt", "full_sequence"] = Field(
+        "auto", description="auto: each prompt once per group (KV cache) unless gradient checkpointing forbids it"
+    )
+    logprob_kernel: Literal["auto", "chunked", "liger"] = Field(
+        "auto", description="auto: liger-kernel's fused linear cross-entropy when installed on CUDA (checked on first use), else chunked"
+    )
+    logprob_chunk_tokens: int = Field(512, ge=1, description="tokens per chunk of vocabulary logits (memory ~ 4 x chunk x vocab x 4 bytes)")
     updates_per_batch: int = Field(1, ge=1, le=16, description="policy updates per rollout batch (TRL's num_iterations)")
     max_grad_norm: float = Field(1.0, gt=0)
     temperature: float = Field(1.0, gt=0)
@@ -107,7 +133,10 @@ class RewardsConfig(_Strict):
         "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
     )
     soft_labels: bool = Field(True, description="choice mode: reward = expected value under the judge's class probabilities")
-    judge_max_new_tokens: int = Field(32, ge=1)
+    judge_max_new_tokens: int | None = Field(
+        None, ge=1, description="one budget for every judge call and for eval's own rollouts; default: room for the template's "
+        "brief reasoning (256 tokens; 1024 with model.enable_thinking) in generate mode"
+    )
     judge_retries: int = Field(1, ge=0, description="re-asks of a malformed judge output before the sample is dropped")
 
     @field_validator("red_class_values", "blue_class_values")
@@ -145,7 +174,7 @@ class ExpertsConfig(_Strict):
     safety_experts: int = Field(3, ge=0, description="prompted safety experts on the base (adapters off)")
     utility_experts: int = Field(3, ge=0)
     min_agreement: float = Field(0.6, gt=0.5, le=1.0, description="share of votes the majority needs")
-    max_new_tokens: int = Field(24, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1, description="default: rewards.judge_max_new_tokens's budget")
 
 
 class DataConfig(_Strict):
@@ -167,6 +196,9 @@ class RunConfig(_Strict):
     root: str = "adapters"
     name: str | None = None
     log_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(
+        1, ge=1, description="commit (adapter + optimizer + state.json) every N steps; the end of a phase always commits"
+    )
     transcripts: int = Field(2, ge=0, description="sampled transcripts kept per step")
 
 
@@ -192,12 +224,42 @@ class Recipe(_Strict):
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"defenders: names must be unique, got {names}; remove the repeated {dup}")
+        if self.phases.eval.max_new_tokens is not None:
+            raise ValueError("phases.eval.max_new_tokens: eval's answers are judgements; their length is rewards.judge_max_new_tokens (one budget for judging and for eval's training)")
         if self.experts.safety_experts + int(self.experts.rule_based) == 0:
             raise ValueError("experts: the panel is empty; enable rule_based or set safety_experts >= 1")
         return self
 
     def role_lr(self, role: str) -> float:
         return getattr(self.phases, role).lr or self.grpo.lr
+
+    def max_new_tokens_of(self, role: str) -> int:
+        """Completion budget of a role's rollouts (eval: the judge budget)."""
+        if role == "eval":
+            return self.judge_budget()
+        return getattr(self.phases, role).max_new_tokens or self.grpo.max_new_tokens
+
+    def group_size_of(self, role: str) -> int:
+        return getattr(self.phases, role).group_size or self.grpo.group_size
+
+    def temperature_of(self, role: str) -> float:
+        return getattr(self.phases, role).temperature or self.grpo.temperature
+
+    def phase_group_sizes(self) -> list[int]:
+        return [self.group_size_of(role) for role in ROLE_NAMES]
+
+    def longest_completion(self) -> int:
+        return max(self.max_new_tokens_of(role) for role in ROLE_NAMES)
+
+    def judge_budget(self) -> int:
+        """New tokens for a judge's answer (eval judging, the semantic judge,
+        eval's own rollouts): the recipe's value, or room for the template's
+        brief reasoning before its `Label:` line."""
+        if self.rewards.judge_max_new_tokens is not None:
+            return self.rewards.judge_max_new_tokens
+        if self.rewards.judge_mode == "choice":
+            return 16  # unused: the answer is one of the label strings
+        return 1024 if self.model.enable_thinking else 256
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -20,8 +20,9 @@ import torch
 from .engine.base import Request
 from .experts import ExpertPanel, panel_summary
 from .grpo import GrpoLearner
+from .logprobs import LogprobComputer, logit_transform
 from .loop import Phases, StepResult
-from .model import ROLE_ADAPTERS, activate, adapter_parameters, attach_role_adapters, load_adapter_weights, load_base, save_adapter
+from .model import ROLE_ADAPTERS, activate, adapter_parameters, attach_role_adapters, load_adapter_weights, load_base, pick_device, save_adapter
 from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
 from .roles import load_basic_prompts, load_techniques
@@ -56,14 +57,34 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_fits_gpu(recipe: Recipe) -> None:
+    """On CUDA, before any weight is loaded: refuse a recipe that cannot fit
+    this GPU (the arithmetic of `lora-triplay plan`)."""
+    if pick_device(recipe.model).type != "cuda":
+        return
+    from .plan import PlanError, make_plan
+
+    total = torch.cuda.get_device_properties(0).total_memory / 1e9
+    try:
+        plan = make_plan(recipe, gpus=1, gpu_memory_gb=total)
+    except PlanError as exc:
+        log.warning("memory plan skipped: %s", exc)
+        return
+    if not plan.fits:
+        raise RecipeError(plan.refusal("recipe") + " (see `lora-triplay plan RECIPE`; --skip-plan-check to try anyway)")
+    log.info("memory plan: %.1f of %.0f GB per GPU at the peak", plan.peak_gb, total)
+
+
 class Session:
-    def __init__(self, recipe: Recipe, store: RunStore, state: dict):
+    def __init__(self, recipe: Recipe, store: RunStore, state: dict, check_plan: bool = True):
         self.recipe, self.store, self.state = recipe, store, state
         self.hooks = Hooks()
+        self.check_plan = check_plan
 
     # ------------------------------------------------------------- opening
     @classmethod
-    def open(cls, recipe: Recipe, run_dir: Path, *, resume: bool = False, allow_recipe_change: bool = False) -> "Session":
+    def open(cls, recipe: Recipe, run_dir: Path, *, resume: bool = False, allow_recipe_change: bool = False,
+             check_plan: bool = True) -> "Session":
         store = RunStore(run_dir)
         created = False
         if resume:
@@ -90,7 +111,7 @@ class Session:
                 "global_step": 0, "base": recipe.model.base, "checkpoints": {},
                 "nonfinite": {role: 0 for role in ROLE_NAMES},
             }
-        session = cls(recipe, store, state)
+        session = cls(recipe, store, state, check_plan=check_plan)
         try:
             session._build(fresh=not resume)
         except BaseException:
@@ -102,6 +123,8 @@ class Session:
     def _build(self, fresh: bool) -> None:
         r = self.recipe
         _seed_everything(r.seed)
+        if self.check_plan:
+            check_fits_gpu(r)
         t0 = time.perf_counter()
         base, self.tokenizer, self.base_path = load_base(r.model)
         self.model = attach_role_adapters(base, r.lora, r.seed)
@@ -112,15 +135,17 @@ class Session:
         self.techniques = load_techniques(None if r.data.techniques == "builtin" else r.data.techniques)
         encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
         self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
-        self.panel = ExpertPanel(self.engine, r.experts, choice_mode=r.rewards.judge_mode == "choice")
+        self.panel = ExpertPanel(self.engine, r.experts, max_new_tokens=r.judge_budget(), choice_mode=r.rewards.judge_mode == "choice")
         self.phases = Phases(self)
         self.eval_pairs: list[dict] = []
         self.panel_rows: list[dict] = []
         self._pending_panel: list[dict] = []
         self.learners: dict[str, GrpoLearner] = {}
+        computer = LogprobComputer(r.grpo.logprob_kernel, r.grpo.logprob_chunk_tokens, logit_transform(self.model.config))
         for role in ROLE_NAMES:
             params = list(adapter_parameters(self.model, ROLE_ADAPTERS[role]).values())
-            self.learners[role] = GrpoLearner(self.model, params, r.grpo, r.role_lr(role), self.tokenizer.pad_token_id)
+            self.learners[role] = GrpoLearner(self.model, params, r.grpo, r.role_lr(role), self.tokenizer.pad_token_id,
+                                              computer=computer, max_new_tokens=r.max_new_tokens_of(role))
         if fresh:
             self.store.write_text("recipe.yaml", r.dump())
             for role in ROLE_NAMES:
@@ -257,19 +282,31 @@ class Session:
                 self._load_past_defenders()
             activate(self.model, ROLE_ADAPTERS[phase])
             self.model.eval()
+            self._place_optimizer_states(phase)
             while st["step"] < total:
-                self._one_step(it, phase)
+                self._one_step(it, phase, total)
             self.store.snapshot(phase, it, self.store.path(st["checkpoints"][phase]))
             self.hooks.phase_end(it, phase)
             self._advance_phase()
 
-    def _one_step(self, it: int, phase: str) -> None:
+    def _place_optimizer_states(self, active: str) -> None:
+        """On a GPU only the training role's AdamW state stays there; the
+        other two wait in CPU memory (2 x 4 bytes per LoRA parameter each)."""
+        device = next(self.model.parameters()).device
+        if device.type == "cpu":
+            return
+        for role, learner in self.learners.items():
+            learner.place_state(device if role == active else "cpu")
+
+    def _one_step(self, it: int, phase: str, total: int) -> None:
         st = self.state
         t0 = time.perf_counter()
         self._pending_panel = []
+        self.engine.wake_up()  # rollouts: the engine gets its memory back
         result: StepResult = self.phases.run_step(phase, it, st["step"] + 1)
         learner = self.learners[phase]
         t1 = time.perf_counter()
+        self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
         stats = learner.step(result.samples) if result.samples else None
         if stats is not None and stats.skipped and learner.nonfinite_in_a_row:
             log.warning("step skipped: non-finite loss or gradient (%d in a row)", learner.nonfinite_in_a_row)
@@ -290,21 +327,27 @@ class Session:
         if stats is not None:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
                        grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped)
-        # Commit: checkpoint folder and data rows first, state.json last.
-        st["checkpoints"][phase] = self._checkpoint(phase)
+        # Data rows are appended every step (a resume cuts them back to the
+        # counts of the last commit); a commit writes the checkpoint folder
+        # first and state.json last, every run.checkpoint_every steps and
+        # at the end of every phase.
         st["nonfinite"][phase] = learner.nonfinite_in_a_row
         counts = st["counts"]
         counts["asp"] += self.store.append_jsonl("asp", result.asp_rows)
         counts["eval_pairs"] += self.store.append_jsonl("eval_pairs", result.eval_rows)
         counts["panel"] += self.store.append_jsonl("panel", result.panel_rows)
         counts["transcripts"] += self.store.append_jsonl("transcripts", result.transcripts)
+        commit = st["step"] % self.recipe.run.checkpoint_every == 0 or st["step"] >= total
+        row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row])
-        self._commit()
+        if commit:
+            st["checkpoints"][phase] = self._checkpoint(phase)
+            self._commit()
+            self.store.prune(phase, keep=self.store.path(st["checkpoints"][phase]))
         self.pool.add([x["text"] for x in result.asp_rows])
         self.eval_pairs.extend(result.eval_rows)
         self.panel_rows.extend(result.panel_rows)
         self._pending_panel = []
-        self.store.prune(phase, keep=self.store.path(st["checkpoints"][phase]))
         self.hooks.step_done(row)
 
     def _advance_phase(self) -> None:

@@ -7,7 +7,8 @@ import torch
 
 from lora_triplay.engine.base import Request, Sampling
 from lora_triplay.engine.hf import HFEngine
-from lora_triplay.grpo import Sample, _batch_tensors, token_logprobs
+from lora_triplay.grpo import Sample
+from tests.reference import batch_tensors as _batch_tensors, token_logprobs
 from lora_triplay.model import save_adapter
 from lora_triplay.recipe import LoraConfig
 from lora_triplay.store import atomic_write
@@ -140,3 +141,73 @@ def test_shared_prefix_batches_equal_single_rows(engine):
         alone = engine.score_choices([Request("eval", m, choices=choices)])[0]
         for a, b in zip(scores, alone):
             assert a == pytest.approx(b, abs=1e-4)
+
+
+def _hf_generate(model, engine, adapter, messages, max_new, **kw):
+    """transformers' own generate, one row (no padding): the reference for
+    our decode loop's tokens and raw log-probs."""
+    ids = torch.tensor([engine.encode(messages)])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), adapter_names=[engine._peft_name(adapter)],
+                         max_new_tokens=max_new, eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id,
+                         output_logits=True, return_dict_in_generate=True, **kw)
+    new = out.sequences[0, ids.shape[1]:]
+    logp = torch.log_softmax(torch.stack(out.logits, 1)[0].float(), -1).gather(-1, new[:, None]).squeeze(-1)
+    return new.tolist(), logp.tolist()
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_decode_loop_equals_transformers_generate(engine, role_model, penalty):
+    """Greedy tokens and raw log-probs equal transformers' generate (1e-4),
+    rows of every adapter in one batch, repetition penalty included."""
+    model, _ = role_model
+    reqs = [Request(a, m, n=2) for a in ("base", "red", "blue", "eval") for m in MSGS]
+    got = engine.generate(reqs, Sampling(max_new_tokens=12, temperature=0.0, repetition_penalty=penalty))
+    for req, comps in zip(reqs, got):
+        ref_tokens, ref_logp = _hf_generate(model, engine, req.adapter, req.messages, 12, do_sample=False,
+                                            repetition_penalty=penalty, temperature=None, top_p=None, top_k=None)
+        for c in comps:
+            assert c.token_ids == ref_tokens[: len(c.token_ids)]
+            assert len(c.token_ids) == len(ref_tokens) or c.finished
+            assert max(abs(a - b) for a, b in zip(c.logprobs, ref_logp)) < 1e-4
+
+
+def test_decode_loop_stops_rows_at_eos_and_keeps_the_rest(engine, role_model):
+    """Rows that end early leave the batch; the others go on exactly as
+    they would alone. An EOS bias on lm_head is raised until some greedy
+    rows end early and some do not."""
+    model, _ = role_model
+    eos = engine.eos_ids[0]
+    head = model.get_output_embeddings()
+    reqs = [Request(a, m) for a in ("base", "red", "blue", "eval") for m in MSGS]
+    greedy = Sampling(max_new_tokens=12, temperature=0.0)
+    head.bias = torch.nn.Parameter(torch.zeros(head.out_features), requires_grad=False)
+    try:
+        for value in torch.linspace(0.0, 8.0, 33).tolist():
+            with torch.no_grad():
+                head.bias[eos] = value
+            together = [c[0] for c in engine.generate(reqs, greedy)]
+            lengths = [len(c.token_ids) for c in together]
+            if min(lengths) < 12 and max(lengths) == 12:
+                break
+        else:
+            pytest.fail("no EOS bias made some rows end early and others not")
+        assert any(c.finished for c in together) and not all(c.finished for c in together)
+        for req, got in zip(reqs, together):
+            alone = engine.generate([req], greedy)[0][0]
+            assert got.token_ids == alone.token_ids and got.finished == alone.finished
+            assert got.finished == (got.token_ids[-1] == eos)
+            assert all(abs(x - y) < 1e-4 for x, y in zip(got.logprobs, alone.logprobs))
+    finally:
+        head.bias = None
+
+
+def test_seeded_sampling_repeats_and_top_p_restricts(engine):
+    s = Sampling(max_new_tokens=10, temperature=1.0, top_p=0.5, seed=7)
+    reqs = [Request("red", MSGS[0], n=3), Request("blue", MSGS[1], n=2)]
+    a = [c.token_ids for cs in engine.generate(reqs, s) for c in cs]
+    b = [c.token_ids for cs in engine.generate(reqs, s) for c in cs]
+    assert a == b
+    # top_p tiny: only the single most likely token survives, i.e. greedy
+    narrow = engine.generate(reqs[:1], Sampling(max_new_tokens=10, temperature=1.0, top_p=1e-6, seed=1))[0]
+    greedy = engine.generate(reqs[:1], Sampling(max_new_tokens=10, temperature=0.0))[0][0]
+    assert all(c.token_ids == greedy.token_ids for c in narrow)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lora_triplay.recipe import Recipe, RecipeError, build_recipe, diff_recipes, load_recipe
@@ -98,7 +99,8 @@ def test_paper_recipes_carry_paper_numbers(name: str):
 def test_paper_recipes_differ_only_in_model_and_iterations():
     r4, r8, r14 = (load_recipe(_recipe(n)) for n in ("4b", "8b", "14b"))
     assert {d.split(":")[0] for d in diff_recipes(r4, r8)} == {"model.base"}
-    assert {d.split(":")[0] for d in diff_recipes(r8, r14)} == {"model.base", "iterations"}
+    # vLLM's share is sized per base (the arithmetic in each recipe's comment)
+    assert {d.split(":")[0] for d in diff_recipes(r8, r14)} == {"model.base", "iterations", "engine.gpu_memory_utilization"}
 
 
 def test_smoke_recipe_is_the_cpu_demo():
@@ -296,3 +298,56 @@ def test_remote_code_is_off_unless_the_recipe_asks():
     assert Recipe().model.trust_remote_code is False
     for path in sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("*.yaml")):
         assert load_recipe(path).model.trust_remote_code is False, path
+
+
+# ------------------------------------------------- memory and budget keys
+
+def test_quantization_on_cpu_is_refused_in_one_line(tmp_path: Path):
+    msg = _error(tmp_path, "model: {device: cpu, quantization: 4bit}\n")
+    assert "CUDA only" in msg and "model.quantization=none" in msg
+
+
+def test_quantization_without_cuda_fails_at_load_in_one_line():
+    from lora_triplay.model import ModelError, quantization_config
+    from lora_triplay.recipe import ModelConfig
+
+    with pytest.raises(ModelError, match="CUDA only"):
+        quantization_config(ModelConfig(quantization="4bit"), torch.device("cpu"), torch.float32)
+
+
+def test_attention_auto_is_sdpa_on_cpu_and_flash_needs_cuda():
+    from lora_triplay.model import ModelError, pick_attention
+    from lora_triplay.recipe import ModelConfig
+
+    assert pick_attention(ModelConfig(), torch.device("cpu")) == "sdpa"
+    assert pick_attention(ModelConfig(attn_implementation="eager"), torch.device("cpu")) == "eager"
+    with pytest.raises(ModelError, match="flash-attn"):
+        pick_attention(ModelConfig(attn_implementation="flash_attention_2"), torch.device("cpu"))
+
+
+def test_one_judge_budget_with_defaults_that_fit_the_template():
+    r = load_recipe(_recipe("14b"))
+    assert r.judge_budget() == r.rewards.judge_max_new_tokens == 512
+    assert r.max_new_tokens_of("eval") == 512  # eval's own rollouts answer the judge template
+    bare = build_recipe({"rewards": {"judge_mode": "generate"}})
+    assert bare.judge_budget() == 256  # the template's brief reasoning before `Label:`
+    assert build_recipe({"rewards": {"judge_mode": "generate"}, "model": {"enable_thinking": True}}).judge_budget() == 1024
+    with pytest.raises(RecipeError, match="rewards.judge_max_new_tokens"):
+        build_recipe({"phases": {"eval": {"max_new_tokens": 64}}})
+
+
+def test_per_phase_sampling_falls_back_to_grpo():
+    r = build_recipe({"grpo": {"max_new_tokens": 100, "group_size": 4, "temperature": 0.9},
+                      "phases": {"red": {"max_new_tokens": 30, "group_size": 8}, "blue": {"temperature": 0.7}},
+                      "rewards": {"judge_max_new_tokens": 16}})
+    assert (r.max_new_tokens_of("red"), r.max_new_tokens_of("blue")) == (30, 100)
+    assert (r.group_size_of("red"), r.group_size_of("blue")) == (8, 4)
+    assert (r.temperature_of("red"), r.temperature_of("blue")) == (0.9, 0.7)
+    assert r.longest_completion() == 100
+
+
+def test_paper_recipes_plan_fits_and_commit_every_few_steps():
+    for name in ("4b", "8b", "14b"):
+        r = load_recipe(_recipe(name))
+        assert r.run.checkpoint_every > 1 and r.grpo.max_tokens_per_microbatch
+        assert r.max_new_tokens_of("red") < r.max_new_tokens_of("blue") == 8192

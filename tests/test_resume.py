@@ -19,7 +19,8 @@ RECIPE = """\
 model: {{base: "{base}", device: cpu, dtype: float32}}
 lora: {{rank: 4, alpha: 8}}
 iterations: 2
-phases: {{red: {{steps: 2}}, blue: {{steps: 2}}, eval: {{steps: 2}}}}
+run: {{checkpoint_every: {every}}}
+phases: {{red: {{steps: {red_steps}}}, blue: {{steps: 2}}, eval: {{steps: 2}}}}
 grpo: {{group_size: 4, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}}
 rewards: {{judge_mode: choice, embedding_model: hashing}}
 defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}, {{name: blue@1, weight: 0.5}}]
@@ -58,17 +59,26 @@ def _final_state(run: Path) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("resume")
+@pytest.fixture(scope="module", params=[1, 3], ids=["commit-every-step", "commit-every-3"])
+def runs(request, tmp_path_factory, tiny_model_dir):
+    """Commit every step, and every 3 steps (red runs 4 steps then: one
+    commit mid-phase, one at its end; kills between commits lose steps
+    that the resume must redo exactly)."""
+    every = request.param
+    root = tmp_path_factory.mktemp(f"resume-{every}")
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(base=tiny_model_dir))
+    recipe.write_text(RECIPE.format(base=tiny_model_dir, every=every, red_steps=2 if every == 1 else 4))
     reference = _cli(recipe, root / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     killed = root / "killed"
+    lost_steps = 0  # metrics rows written after the last commit, which the resume must redo
     for i, crash in enumerate(CRASHES):
         proc = _cli(recipe, killed, *(["--resume"] if i else []), crash=crash)
         assert proc.returncode == -signal.SIGKILL, f"{crash}: expected a SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
+        committed = json.loads((killed / "state.json").read_text())["counts"]["metrics"]
+        lost_steps += len((killed / "metrics.jsonl").read_text().splitlines()) - committed
+    if every > 1:
+        assert lost_steps > 0, "no kill fell between two commits: the cadence was not exercised"
     final = _cli(recipe, killed, "--resume")
     assert final.returncode == 0, final.stderr[-2000:]
     return root / "reference", killed

@@ -75,7 +75,8 @@ def _tokens(engine, adapter_of_row, messages=MESSAGES, sampling=GREEDY):
 
 
 def _hf_teacher_logprobs(stack, adapter: str, prompt: list[int], completion: list[int]) -> list[float]:
-    from lora_triplay.grpo import Sample, _batch_tensors, token_logprobs
+    from lora_triplay.grpo import Sample
+    from tests.reference import batch_tensors as _batch_tensors, token_logprobs
 
     hf, model = stack["hf"], stack["model"]
     ids, mask, pos, _, C = _batch_tensors([Sample(prompt, completion, 0, 0.0)], hf.pad_id, torch.device("cpu"))
@@ -238,6 +239,30 @@ def test_cpu_lora_ops_patch_matches_upstream():
                 orig["bgmv_expand_slice"](h, b, z0, idx, 3, d_out, add)
                 lora_ops.bgmv_expand_slice(h, b, z1, idx, 3, d_out, add)
                 assert torch.allclose(z0, z1, atol=1e-5)
+
+
+def test_wake_up_registers_adapters_a_wake_dropped(stack, monkeypatch):
+    """vLLM drops loaded LoRAs when a level-2 sleep reloads the base: the
+    engine registers every served version again on wake, and serves the
+    same answers. (CPU has no real sleep; the drop is what the wake does.)"""
+    hf, vl = stack["hf"], stack["vllm"]
+    before = _tokens(vl, ["red", "blue"], MESSAGES[:2])
+    engine = vl.llm.llm_engine
+
+    def wake_that_drops(*a, **k):
+        for lora_id in list(engine.list_loras()):
+            engine.remove_lora(lora_id)
+        return True
+
+    monkeypatch.setattr(vl.llm, "sleep", lambda *a, **k: None)
+    monkeypatch.setattr(vl.llm, "wake_up", wake_that_drops)
+    monkeypatch.setattr(vl, "sleep_enabled", True)
+    loaded = set(engine.list_loras())
+    assert loaded
+    vl.sleep()
+    vl.wake_up()
+    assert loaded <= set(engine.list_loras())
+    assert _tokens(vl, ["red", "blue"], MESSAGES[:2]) == before == _tokens(hf, ["red", "blue"], MESSAGES[:2])
 
 
 def test_sync_after_optimizer_step(stack):

@@ -80,6 +80,14 @@ class Engine(Protocol):
     def adapters(self) -> list[str]:
         """Names this engine can serve (roles, snapshots and `base`)."""
 
+    def sleep(self) -> None:
+        """Free accelerator memory for the policy update (vLLM sleep mode);
+        the loop calls it before every update. A no-op where nothing frees."""
+
+    def wake_up(self) -> None:
+        """Get the memory back before rollouts; the loop calls it before
+        every step's generation."""
+
 
 @dataclass
 class GenerationStats:

@@ -310,6 +310,9 @@ class VLLMEngine:
                 kwargs.update(distributed_executor_backend="uni")
         else:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled)
+            # vLLM checks free memory against its share at start: hand back
+            # what torch's allocator cached while the trainer loaded.
+            torch.cuda.empty_cache()
         kwargs.update(llm_kwargs or {})
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
@@ -454,17 +457,27 @@ class VLLMEngine:
         enable_sleep_mode only; a no-op otherwise). Weights are offloaded
         (level 1), the KV cache is dropped."""
         if self.sleep_enabled and not self._sleeping:
+            self._loaded_before_sleep = set(self.llm.llm_engine.list_loras())
             self.llm.sleep(level=1)
             self._sleeping = True
 
     def wake_up(self) -> None:
-        """Undo :meth:`sleep` (generate() calls it itself)."""
+        """Undo :meth:`sleep` (generate() calls it itself). A wake that
+        dropped the loaded adapters (vLLM does after a level-2 sleep and a
+        weight reload) gets every served version registered again."""
         if self._sleeping:
             self.llm.wake_up()
             self._sleeping = False
-        for lora_id in self._pending_removals:
-            self.llm.llm_engine.remove_lora(lora_id)
-        self._pending_removals.clear()
+            for lora_id in self._pending_removals:
+                self.llm.llm_engine.remove_lora(lora_id)
+            self._pending_removals.clear()
+            loaded = set(self.llm.llm_engine.list_loras())
+            wanted = getattr(self, "_loaded_before_sleep", set())
+            missing = [s for s in self._served.values() if s.version in wanted and s.version not in loaded]
+            for served in missing:
+                self.llm.llm_engine.add_lora(served.request)
+            if missing:
+                log.info("vLLM woke without %d adapter(s); registered again", len(missing))
 
     # ----------------------------------------------------------- generation
     def encode(self, messages: list[dict[str, str]]) -> list[int]:

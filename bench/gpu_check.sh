@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The prepared GPU check: paper scale on one GPU, no internet, no vLLM.
+# Under 6 minutes on one H200 (what it does: bench/gpu_check.py's header).
+#
+# The GPU image has torch, transformers and peft but not pydantic, which the
+# recipe schema needs, nor liger-kernel. Carry them as wheels built here:
+#     make gpu-wheels            # fills .whl/ (git-ignored): pydantic + liger-kernel for Python 3.12
+# then, with the device tool: run `bash bench/gpu_check.sh` with carry [".whl"].
+# Results: $OUT/gpu_check.json (or bench/results/gpu_check.json) and the log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c "import torch, transformers, peft, pydantic; print('torch', torch.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__, '| pydantic', pydantic.__version__)"
+OUT_DIR=${OUT:-bench/results}
+mkdir -p "$OUT_DIR"
+timeout 420 python3 bench/gpu_check.py --out "$OUT_DIR/gpu_check.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"

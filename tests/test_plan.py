@@ -1,0 +1,117 @@
+"""`lora-triplay plan`: parameter counts equal the real models' (built on
+the meta device from the shipped configs), the memory arithmetic, and the
+verdicts users see."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_triplay.plan import SHIPPED, Shape, load_shape, make_plan
+from lora_triplay.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.mark.parametrize("base", ["Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "embedded:smollm2-135m"])
+def test_counts_equal_the_real_model_and_peft(base):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = json.loads(resources.files("lora_triplay").joinpath("configs", f"{SHIPPED[base.lower()]}.json").read_text())
+    with torch.device("meta"):  # shapes only, no memory
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    shape = load_shape(base)
+    assert shape.params() == sum(p.numel() for p in model.parameters())
+    peft = get_peft_model(model, LoraConfig(r=16, target_modules=TARGETS))
+    assert shape.lora_params(16, TARGETS) == sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
+
+
+def test_tiny_model_shape_is_read_from_its_folder(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert load_shape(tiny_model_dir).params() == sum(p.numel() for p in model.parameters())
+
+
+def test_paper_recipes_fit_an_80gb_gpu_and_not_a_24gb_one():
+    for size in ("4b", "8b", "14b"):
+        recipe = load_recipe(ROOT / "recipes" / f"{size}.yaml")
+        plan = make_plan(recipe, gpu_memory_gb=80)
+        assert plan.fits, plan.refusal(size)
+        assert not make_plan(recipe, gpu_memory_gb=24).fits or size == "4b"
+
+
+def test_arithmetic_of_the_14b_plan():
+    recipe = load_recipe(ROOT / "recipes" / "14b.yaml")
+    plan = make_plan(recipe, gpu_memory_gb=80)
+    items = {i.name.split(" (")[0]: i.gb for i in plan.items}
+    assert items["base weights"] == pytest.approx(14_768_307_200 * 2 / 1e9)
+    lora = 256_901_120
+    assert items["optimizer state"] == pytest.approx(2 * lora * 4 / 1e9)
+    # checkpointing: the layer inputs of 16,384 tokens plus one layer recomputed
+    shape = plan.shape
+    act = 16384 * (shape.layers * shape.hidden * 2 + 2 * shape.activation_bytes_per_token_layer(64, 2)) / 1e9
+    assert items["activations, checkpointed"] == pytest.approx(act)
+    no_ckpt = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["model.gradient_checkpointing=false"]), gpu_memory_gb=80)
+    assert no_ckpt.peak("update") > plan.peak("update") + 100  # ~170 GB of activations without checkpointing
+    assert not no_ckpt.fits and "gradient_checkpointing" in no_ckpt.refusal("r")
+    # the paper's layout costs several times ours for the same items
+    assert plan.paper["total"] > 8 * (items["base weights"] + 2)
+
+
+def test_vllm_share_must_fit_beside_the_trainer():
+    # The share the 14B recipe had before: 0.35 x 80 GB = 28 GB, less than vLLM's own 29.5 GB base copy.
+    plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.35"]), gpu_memory_gb=80)
+    assert not plan.fits and "raise engine.gpu_memory_utilization" in plan.refusal("r")
+    # ...and a share larger than what the trainer leaves free cannot start
+    plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.7"]), gpu_memory_gb=80)
+    assert not plan.fits and "lower engine.gpu_memory_utilization to 0.54" in plan.refusal("r")
+    # without sleep mode the update carries vLLM's whole share
+    awake = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.enable_sleep_mode=false"]), gpu_memory_gb=80)
+    assert awake.peak("update") > make_plan(load_recipe(ROOT / "recipes" / "14b.yaml"), gpu_memory_gb=80).peak("update") + 30
+
+
+def test_qlora_shrinks_the_base():
+    r = load_recipe(ROOT / "recipes" / "14b.yaml", ["model.quantization=4bit"])
+    plan = make_plan(r, gpu_memory_gb=80)
+    base = next(i for i in plan.items if i.name.startswith("base weights"))
+    assert 7 < base.gb < 12
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "lora_triplay.cli", "plan", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_plan_command_prints_the_table_and_a_verdict():
+    ok = _cli("recipes/14b.yaml", "--gpus", "1", "--gpu-memory", "80")
+    assert ok.returncode == 0, ok.stderr
+    for text in ("14.77B parameters", "base weights", "activations, checkpointed", "log-prob chunk", "vLLM share",
+                 "paper's layout", "verdict: fits"):
+        assert text in ok.stdout
+    small = _cli("recipes/14b.yaml", "--gpu-memory", "24")
+    assert small.returncode == 2
+    err = small.stderr.strip().splitlines()
+    assert len(err) == 1 and "biggest item: base weights" in err[0] and "model.quantization=4bit" in err[0]
+    assert "Traceback" not in small.stderr
+    data = json.loads(_cli("recipes/smoke.yaml", "--json", "--gpu-memory", "32").stdout)
+    assert data["fits"] and data["params"] == 134_515_008
+
+
+def test_unplannable_config_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "weird"}))
+    proc = _cli("recipes/tiny.yaml", f"model.base={tmp_path}")
+    assert proc.returncode == 2 and "dense decoder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_shape_from_nested_text_config():
+    cfg = {"text_config": {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                           "vocab_size": 10}}
+    s = Shape.from_config(cfg, "x")
+    assert s.kv_heads == 2 and s.head_dim == 4 and not s.tied
