@@ -1,13 +1,21 @@
 """transformers + PEFT engine: one `generate` serves a mix of adapters.
 
-Each row of a batch names its adapter through PEFT's `adapter_names`
-(`__base__` = adapters off), so red, blue, eval and base requests share one
-forward. Switching with `set_adapter` per request instead walks every module
-(~30 ms a switch measured on SmolLM2-135M) and serialises the batch.
-The engine shares its weights with the trainer, so a sync is free.
+Each row of a batch has its own adapter (`__base__` = adapters off), so red,
+blue, eval and base requests share one forward. Switching with
+`set_adapter` per request instead walks every module (~30 ms a switch
+measured on SmolLM2-135M) and serialises the batch. The engine shares its
+weights with the trainer, so a sync is free.
+
+Two ways to run a mixed batch, same numbers (tests/test_engine_hf.py): the
+fast path (`fastpath.py`: stacked LoRA GEMMs, an in-place KV cache, grouped
+decode attention) and PEFT's own per-row `adapter_names`, kept as the
+reference and for models the fast path does not cover
+(`LORA_TRIPLAY_FAST_ENGINE=0` forces it).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -15,6 +23,7 @@ from typing import Sequence
 import torch
 
 from ..roles import adapter_name
+from . import fastpath
 from .base import BASE, Completion, GenerationStats, Request, Sampling, choose
 
 PEFT_BASE = "__base__"
@@ -32,6 +41,9 @@ class HFEngine:
         eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         self.eos_ids = sorted({e for e in eos + [tokenizer.eos_token_id] if e is not None})
         self.pad_id = tokenizer.pad_token_id
+        self.fast = os.environ.get("LORA_TRIPLAY_FAST_ENGINE", "1") != "0"
+        self._multilora = None
+        self._serving: list[str] | None = None  # PEFT names of the batch being served (fast path)
 
     # ------------------------------------------------------------- adapters
     def _peft_name(self, name: str) -> str:
@@ -85,16 +97,10 @@ class HFEngine:
         results: list[list[Completion | None]] = [[None] * req.n for req in requests]
         was_training = self.model.training
         self.model.eval()  # PEFT refuses per-row adapter_names in training mode
+        names = list(dict.fromkeys(self._peft_name(r.adapter) for r in requests))
         try:
-            if choice_reqs:
-                for r_i, comps in zip(choice_reqs, self._choose([requests[i] for i in choice_reqs], sampling)):
-                    for s_i, comp in enumerate(comps):
-                        comp.request_index, comp.sample_index = r_i, s_i
-                    results[r_i] = comps
-            for start in range(0, len(rows), self.max_batch_size):
-                for (r_i, s_i, _, _), comp in zip(rows[start : start + self.max_batch_size], self._generate_rows(rows[start : start + self.max_batch_size], sampling)):
-                    comp.adapter, comp.request_index, comp.sample_index = requests[r_i].adapter, r_i, s_i
-                    results[r_i][s_i] = comp
+            with self._serve(names):
+                self._generate_all(requests, rows, choice_reqs, results, sampling)
         finally:
             self.model.train(was_training)
         self.stats.requests += len(requests)
@@ -104,25 +110,69 @@ class HFEngine:
             self.stats.per_adapter[req.adapter] = self.stats.per_adapter.get(req.adapter, 0) + req.n
         return results  # type: ignore[return-value]
 
+    def _generate_all(self, requests, rows, choice_reqs, results, sampling) -> None:
+        if choice_reqs:
+            for r_i, comps in zip(choice_reqs, self._choose([requests[i] for i in choice_reqs], sampling)):
+                for s_i, comp in enumerate(comps):
+                    comp.request_index, comp.sample_index = r_i, s_i
+                results[r_i] = comps
+        for start in range(0, len(rows), self.max_batch_size):
+            for (r_i, s_i, _, _), comp in zip(rows[start : start + self.max_batch_size], self._generate_rows(rows[start : start + self.max_batch_size], sampling)):
+                comp.adapter, comp.request_index, comp.sample_index = requests[r_i].adapter, r_i, s_i
+                results[r_i][s_i] = comp
+
+    # -------------------------------------------------------------- forward
+    @contextlib.contextmanager
+    def _serve(self, names: list[str]):
+        """The fast path for this call's adapters, where the model allows it."""
+        if not self.fast:
+            yield
+            return
+        if self._multilora is None:
+            self._multilora = fastpath.MultiLora(self.model)
+            fastpath.register_decode_attention()
+        if not self._multilora.supported:
+            yield
+            return
+        attn = fastpath.DECODE_ATTENTION if self.model.config._attn_implementation == "sdpa" else None
+        self._serving = names
+        try:
+            with self._multilora.serving(names), fastpath.attention(self.model, attn):
+                yield
+        finally:
+            self._serving = None
+
+    def _forward(self, names: list[str], **kwargs):
+        """One model forward where row i uses adapter names[i]."""
+        if self._serving is not None:
+            index = torch.tensor([self._serving.index(n) for n in names], device=kwargs["input_ids"].device)
+            self._multilora.rows(index)
+            return self.model(**kwargs)
+        return self.model(adapter_names=list(names), **kwargs)
+
+    def _new_cache(self, capacity: int):
+        return fastpath.reserved_cache(self.model, capacity) if self._serving is not None else None
+
     MIN_SHARED_PREFIX = 16  # tokens; below this a separate prefix forward costs more than it saves
 
     def _shared_prefix(self, prompts: list[list[int]], names: list[str]) -> int:
-        """Length of the token prefix every prompt shares (same adapter only:
-        LoRA changes the keys and values), keeping >= 1 token per suffix."""
-        if len(prompts) < 2 or len(set(names)) != 1:
+        """Length of the token prefix every prompt shares, keeping >= 1 token
+        per suffix. Worth it when rows outnumber the adapters: the prefix is
+        computed once per adapter (LoRA changes its keys and values)."""
+        if len(prompts) < 2 or len(set(names)) >= len(prompts):
             return 0
         limit, first, n = min(len(p) for p in prompts) - 1, prompts[0], 0
         while n < limit and all(p[n] == first[n] for p in prompts):
             n += 1
         return n if n >= self.MIN_SHARED_PREFIX else 0
 
-    def _prefill(self, prompts: list[list[int]], names: list[str], device, leave_last: bool):
+    def _prefill(self, prompts: list[list[int]], names: list[str], device, leave_last: bool, reserve: int = 0):
         """Lay rows out as [shared prefix | left-padded suffix] and run them
         through the model once: a judge's or a role's long system prompt is
-        computed once per batch, not once per row (what vLLM's prefix cache
-        does). Returns (ids, mask, positions, cache, next-token logits); the
-        cache covers every column, or all but the last with `leave_last`
-        (the form `generate` continues from)."""
+        computed once per adapter in the batch, not once per row (what
+        vLLM's prefix cache does). Returns (ids, mask, positions, cache,
+        next-token logits); the cache covers every column, or all but the
+        last with `leave_last`, and has room for `reserve` more tokens."""
         P = self._shared_prefix(prompts, names)
         suffixes = [p[P:] for p in prompts]
         width = max(len(x) for x in suffixes)
@@ -135,16 +185,18 @@ class HFEngine:
             mask[i, P + width - len(suffix) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache, last = None, None
+        cache, last = self._new_cache(ids.shape[1] + reserve), None
         if P:
-            out = self.model(input_ids=ids[:1, :P], position_ids=positions[:1, :P], use_cache=True,
-                             adapter_names=names[:1], logits_to_keep=1)
+            distinct = list(dict.fromkeys(names))
+            n = len(distinct)
+            out = self._forward(distinct, input_ids=ids[:1, :P].expand(n, P), position_ids=positions[:1, :P].expand(n, P),
+                                past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
-            cache.batch_repeat_interleave(len(prompts))
+            cache.batch_select_indices(torch.tensor([distinct.index(x) for x in names], device=device))
         end = ids.shape[1] - int(leave_last)
         if end > P:
-            out = self.model(input_ids=ids[:, P:end], attention_mask=mask[:, :end], position_ids=positions[:, P:end],
-                             past_key_values=cache, use_cache=True, adapter_names=names, logits_to_keep=1)
+            out = self._forward(names, input_ids=ids[:, P:end], attention_mask=mask[:, :end], position_ids=positions[:, P:end],
+                                past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, last = out.past_key_values, out.logits[:, -1, :].float()
         return ids, mask, positions, cache, last
 
@@ -163,13 +215,14 @@ class HFEngine:
         keys = list(dict.fromkeys((r[0], r[2]) for r in rows))
         first = {key: i for i, key in reversed(list(enumerate((r[0], r[2]) for r in rows)))}
         uniq = [rows[first[key]] for key in keys]
-        u_ids, u_mask, u_pos, cache, last = self._prefill([r[3] for r in uniq], [r[2] for r in uniq], device, leave_last=False)
+        u_ids, u_mask, u_pos, cache, last = self._prefill([r[3] for r in uniq], [r[2] for r in uniq], device, leave_last=False,
+                                                          reserve=sampling.max_new_tokens)
         where = {key: i for i, key in enumerate(keys)}
         index = torch.tensor([where[(r[0], r[2])] for r in rows], device=device)
         cache.batch_select_indices(index)
         decode = _Decode(sampling, self.eos_ids, len(rows), device, seen_ids=(u_ids[index], u_mask[index]))
         tokens, logps, lengths, finished = decode.run(
-            self.model, cache, u_mask[index], u_pos[index, -1] + 1, last[index], [r[2] for r in rows], self.pad_id
+            self._forward, cache, u_mask[index], u_pos[index, -1] + 1, last[index], [r[2] for r in rows], self.pad_id
         )
         comps = []
         for i, (_, _, _, prompt) in enumerate(rows):
@@ -202,11 +255,12 @@ class HFEngine:
         for start in range(0, len(requests), self.max_batch_size):
             part = list(range(start, min(start + self.max_batch_size, len(requests))))
             names = [self._peft_name(requests[i].adapter) for i in part]
-            _, mask, pos, cache, last = self._prefill([self.encode(requests[i].messages) for i in part], names, device, leave_last=False)
-            first_logp = torch.log_softmax(last, -1)
             rows = [(b, self.choice_ids(c)) for b, i in enumerate(part) for c in requests[i].choices]
-            index = torch.tensor([b for b, _ in rows], device=device)
             C = max(len(c) for _, c in rows)
+            _, mask, pos, cache, last = self._prefill([self.encode(requests[i].messages) for i in part], names, device,
+                                                      leave_last=False, reserve=C)
+            first_logp = torch.log_softmax(last, -1)
+            index = torch.tensor([b for b, _ in rows], device=device)
             c_ids = torch.full((len(rows), C), self.pad_id, dtype=torch.long, device=device)
             c_mask = torch.zeros_like(c_ids)
             for r, (_, toks) in enumerate(rows):
@@ -215,8 +269,8 @@ class HFEngine:
             cache.batch_select_indices(index)
             full_mask = torch.cat([mask[index], c_mask], dim=1)
             c_pos = pos[index, -1:] + 1 + torch.arange(C, device=device)
-            logits = self.model(input_ids=c_ids, attention_mask=full_mask, position_ids=c_pos, past_key_values=cache,
-                                use_cache=True, adapter_names=[names[b] for b, _ in rows]).logits.float()
+            logits = self._forward([names[b] for b, _ in rows], input_ids=c_ids, attention_mask=full_mask, position_ids=c_pos,
+                                   past_key_values=cache, use_cache=True).logits.float()
             logp = torch.log_softmax(logits, -1)
             for r, (b, toks) in enumerate(rows):
                 lp = [first_logp[b, toks[0]].item()]
@@ -274,7 +328,9 @@ class _Decode:
         probs = torch.softmax(scores, -1)
         return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
 
-    def run(self, model, cache, mask, next_pos, logits, names, pad_id):
+    def run(self, forward, cache, mask, next_pos, logits, names, pad_id):
+        """`forward(names, **model_kwargs)` runs the model with row i on
+        adapter names[i]."""
         T, B, dev = self.s.max_new_tokens, self.rows, self.device
         tokens = torch.full((B, T), pad_id, dtype=torch.long)
         logps = torch.zeros((B, T), dtype=torch.float32)
@@ -307,8 +363,8 @@ class _Decode:
                 done_in_batch = done_in_batch[keep]
             tok = torch.where(done_in_batch, torch.full_like(tok, pad_id), tok)
             mask = torch.cat([mask, (~done_in_batch).long().unsqueeze(-1)], dim=1)
-            out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
-                        past_key_values=cache, use_cache=True, adapter_names=names, logits_to_keep=1)
+            out = forward(names, input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
+                          past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
         return tokens, logps, lengths, finished
