@@ -1,10 +1,12 @@
-"""One TriPlay iteration, top-down: P_red, then P_blue, then P_eval.
+"""One TriPlay iteration, top-down: P_red, then P_blue, then P_eval (and,
+once, eval's warm start before the first P_red).
 
 Each phase runs GRPO steps on one role's adapter. A step asks the engine for
 the role's rollouts, scores them (the reward may itself ask the engine for
 other roles' outputs: defenders answering, eval judging) and updates only
 the active adapter. `Session` (session.py) owns the model, the engine and the
-run folder; this file is the method.
+run folder; `RunData` (rundata.py) the prompts and eval's pairs; this file
+is the method.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from .engine.base import Request, Sampling
 from .faults import crash_point
 from .grpo import Sample, group_advantages
 from .judge import extract_wrapped_prompt, parse_label
+from .refusals import refused
 from .rewards import attack_succeeded, blue_reward, diversity_penalty, eval_reward, red_reward
 from .roles import blue_messages, eval_messages, red_messages, semantic_messages
 
@@ -58,6 +61,12 @@ def _mean(xs) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _rates(labels, prefix: str) -> dict[str, float]:
+    """The label distribution of one judge call batch (what eval said)."""
+    judged = [x for x in labels if x is not None]
+    return {f"{prefix}{c}": judged.count(c) / max(len(judged), 1) for c in LABELS}
+
+
 def _reward_stats(rewards: list[float | None]) -> dict[str, float]:
     kept = [r for r in rewards if r is not None]
     return {
@@ -68,9 +77,9 @@ def _reward_stats(rewards: list[float | None]) -> dict[str, float]:
 
 
 class Phases:
-    """The three phase steps. Needs a session with: recipe, engine, pool
-    (attack success pool), panel, next_seed_items(k), label_new_pairs(k),
-    sample_labelled_pairs(k)."""
+    """The phase steps. Needs a session with: recipe, engine, pool (attack
+    success pool), data (rundata.RunData) and defenders (this red phase's,
+    see defenders.py)."""
 
     def __init__(self, session):
         self.s = session
@@ -133,16 +142,16 @@ class Phases:
     # ----------------------------------------------------------------- red
     def red_step(self, iteration: int, step: int) -> StepResult:
         s, rw = self.s, self.s.recipe.rewards
-        items = s.next_seed_items(s.recipe.grpo.prompts_per_step)
+        items = s.data.next_seed_items(s.recipe.grpo.prompts_per_step)
         comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=s.recipe.group_size_of("red")) for b, t in items], self.sampling["red"])
         rollouts = [
             RedRollout(group, basic, technique, c, extract_wrapped_prompt(c.text))
             for group, ((basic, technique), cs) in enumerate(zip(items, comps)) for c in cs
         ]
         valid = [x for x in rollouts if x.wrapped]
-        defenders = [d for d in s.recipe.defenders if d.name in s.available_defenders()]
+        defenders = s.defenders
         # Every defender answers every wrapped prompt: one mixed-adapter batch.
-        answers = self.generate("defenders", [Request(d.name, blue_messages(x.wrapped)) for x in valid for d in defenders], self.sampling["blue"])
+        answers = self.generate("defenders", [Request(d.adapter, blue_messages(x.wrapped)) for x in valid for d in defenders], self.sampling["blue"])
         for i, x in enumerate(valid):
             x.answers = {d.name: answers[i * len(defenders) + j][0].text for j, d in enumerate(defenders)}
         labels, soft, bad_cls = self.judge([(x.wrapped, x.answers[d.name]) for x in valid for d in defenders])
@@ -163,13 +172,17 @@ class Phases:
         worst = -diversity_penalty(1.0, 1.0, rw.w_bleu, rw.w_cos, rw.k)
         samples = [Sample(x.completion.prompt_ids, x.completion.token_ids, x.group, x.reward if x.wrapped else worst) for x in rollouts]
         self._set_advantages(samples)
-        successes = [x for x in valid if x.reward is not None and attack_succeeded(x.labels, rw.success_class)]
+        # Only attacks that worked AND kept their request's goal enter the
+        # pool (a rewrite that dropped the goal is no attack to stay away from).
+        successes = [x for x in valid if x.reward is not None and x.semantic_ok is not False
+                     and attack_succeeded(x.labels, rw.success_class)]
+        metrics = self._red_metrics(rollouts, valid, defenders, samples, len(successes), bad_cls + bad_sem)
+        metrics.update(_rates(labels, "judge_rate_"))
         return StepResult(
-            samples,
-            self._red_metrics(rollouts, valid, defenders, samples, len(successes), bad_cls + bad_sem),
+            samples, metrics,
             asp_rows=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step} for x in successes],
             eval_rows=[
-                {"prompt": x.wrapped, "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt,
+                {"prompt": x.wrapped, "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt, "kind": "harmful",
                  "eval_label": x.labels[d.name], "iteration": iteration, "phase": "red", "step": step}
                 for x in valid for d in defenders
             ],
@@ -189,8 +202,10 @@ class Phases:
             "diversity_penalty": _mean(x.get("diversity_penalty") for x in subs),
             "s_bleu": _mean(x.get("s_bleu") for x in subs),
             "s_cos": _mean(x.get("s_cos") for x in subs),
+            "defender_gaps": float(sum(x.get("defender_gaps", 0.0) for x in subs)),
             "judge_malformed": float(malformed),
             "asp_size": float(len(self.s.pool) + n_success),
+            "defenders": float(len(defenders)),
             "completion_tokens": _mean(len(x.completion.token_ids) for x in rollouts),
         }
         for d in defenders:
@@ -204,31 +219,41 @@ class Phases:
             smp.advantage = adv
 
     # ---------------------------------------------------------------- blue
-    def blue_step(self, iteration: int, step: int) -> StepResult:
-        s, r = self.s, self.s.recipe
-        G = r.group_size_of("blue")
-        items = s.next_seed_items(r.grpo.prompts_per_step)
-        # Blue trains on prompts written by the latest red.
+    def blue_prompts(self, count: int) -> list[tuple[str, str, str]]:
+        """(basic request, prompt blue sees, kind) for one blue step: the
+        latest red's wraps of seed requests, plus the benign stream asked as
+        it is (`data.benign_share`)."""
+        s = self.s
+        n_benign = s.data.benign_count(count)
+        items = s.data.next_seed_items(count - n_benign)
         wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.sampling["red"])
-        prompts = [(b, extract_wrapped_prompt(w[0].text) or b.prompt) for (b, _), w in zip(items, wraps)]
-        comps = self.generate("blue", [Request("blue", blue_messages(x), n=G) for _, x in prompts], self.sampling["blue"])
+        harmful = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
+        benign = [(b.prompt, b.prompt, "benign") for b in s.data.next_benign(n_benign)]
+        return harmful + benign
+
+    def blue_step(self, iteration: int, step: int) -> StepResult:
+        r = self.s.recipe
+        prompts = self.blue_prompts(r.grpo.prompts_per_step)
+        comps = self.generate("blue", [Request("blue", blue_messages(x), n=r.group_size_of("blue")) for _, x, _ in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
-        values = r.rewards.blue_class_values
-        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, values)) for (g, _, c), lab in zip(flat, soft)]
+        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_class_values)) for (g, _, c), lab in zip(flat, soft)]
         self._set_advantages(samples)
         eval_rows = [
-            {"prompt": p[1], "response": c.text, "defender": "blue", "basic": p[0].prompt, "eval_label": lab,
+            {"prompt": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
              "iteration": iteration, "phase": "blue", "step": step}
             for (_, p, c), lab in zip(flat, labels)
         ]
-        judged = [lab for lab in labels if lab is not None]
-        metrics = {**_reward_stats([x.reward for x in samples]), "judge_malformed": float(bad)}
-        for cls in LABELS:
-            metrics[f"rate_{cls}"] = judged.count(cls) / max(len(judged), 1)
+        metrics = {**_reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **_rates(labels, "rate_")}
+        for kind in ("harmful", "benign"):
+            mine = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[2] == kind]
+            if mine:
+                metrics.update(_rates([lab for lab, _ in mine], f"{kind}_rate_"))
+                # a fixed monitor beside eval's opinion: the refusal rules (over-refusal on benign prompts)
+                metrics[f"{kind}_refusal_rate"] = _mean([float(refused(c.text)) for _, c in mine])
         metrics["completion_tokens"] = _mean(len(c.token_ids) for _, _, c in flat)
         transcripts = [
-            {"phase": "blue", "iteration": iteration, "step": step, "prompt": p[1], "response": c.text, "label": lab}
+            {"phase": "blue", "iteration": iteration, "step": step, "kind": p[2], "prompt": p[1], "response": c.text, "label": lab}
             for (_, p, c), lab in list(zip(flat, labels))[: r.run.transcripts]
         ]
         return StepResult(samples, metrics, eval_rows=eval_rows, transcripts=transcripts)
@@ -236,37 +261,98 @@ class Phases:
     # ---------------------------------------------------------------- eval
     def eval_step(self, iteration: int, step: int) -> StepResult:
         s, r = self.s, self.s.recipe
-        G = r.group_size_of("eval")
         t0 = time.perf_counter()
-        panel_rows, panel_metrics = s.label_new_pairs(2 * r.grpo.prompts_per_step)
+        panel_rows, panel_metrics = s.data.label_new_pairs(r.experts.pairs_per_step or 2 * r.grpo.prompts_per_step)
         self.timings["panel"] = time.perf_counter() - t0
-        batch = s.sample_labelled_pairs(r.grpo.prompts_per_step)
+        return self._train_eval(iteration, step, panel_rows, panel_metrics, "eval")
+
+    def warmup_step(self, iteration: int, step: int) -> StepResult:
+        """Eval's warm start. Step 1: the untrained red wraps seed requests,
+        the untrained blue (= the base) answers them and benign requests, the
+        panel labels every pair. Every step: GRPO on eval, as in P_eval."""
+        s, r = self.s, self.s.recipe
+        panel_rows, panel_metrics, eval_rows = [], {}, []
+        if step == 1:
+            t0 = time.perf_counter()
+            n = r.phases.eval_warmup.pairs
+            benign = s.data.next_benign(n // 2 if s.data.benign else 0)
+            items = s.data.next_seed_items(n - len(benign))
+            wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.sampling["red"])
+            prompts = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
+            prompts += [(b.prompt, b.prompt, "benign") for b in benign]
+            answers = self.generate("blue", [Request("blue", blue_messages(x)) for _, x, _ in prompts], self.sampling["blue"])
+            eval_rows = [
+                {"prompt": p[1], "response": a[0].text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": None,
+                 "iteration": iteration, "phase": "eval_warmup", "step": step}
+                for p, a in zip(prompts, answers)
+            ]
+            panel_rows, panel_metrics = s.data.label_fresh(eval_rows)
+            self.timings["panel"] = time.perf_counter() - t0
+        result = self._train_eval(iteration, step, panel_rows, panel_metrics, "eval_warmup")
+        result.eval_rows = eval_rows
+        return result
+
+    def _train_eval(self, iteration, step, panel_rows, panel_metrics, phase) -> StepResult:
+        s, r = self.s, self.s.recipe
+        G = r.group_size_of("eval")
+        batch = s.data.sample_labelled_pairs(r.grpo.prompts_per_step)
         if not batch:
             return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics}, panel_rows=panel_rows)
         reqs = [Request("eval", eval_messages(p["prompt"], p["response"]), n=G, choices=LABEL_CHOICES if self.choice else None) for p in batch]
-        comps = self.generate("eval", reqs, self.sampling["eval"])
-        samples, correct, malformed = [], [], 0
+        enumerate_ = self.choice and r.rewards.choice_rollouts == "enumerate"
+        comps = self._enumerate_choices(reqs) if enumerate_ else self.generate("eval", reqs, self.sampling["eval"])
+        samples, preds, gold = [], [], []
         for g, (pair, cs) in enumerate(zip(batch, comps)):
             for c in cs:
-                pred = parse_label(c.text, LABELS, finished=c.finished).label
-                malformed += pred is None
-                reward = eval_reward(pred, pair["panel_label"])
-                correct.append(reward)
-                samples.append(Sample(c.prompt_ids, c.token_ids, g, reward))
+                label = parse_label(c.text, LABELS, finished=c.finished).label
+                samples.append(Sample(c.prompt_ids, c.token_ids, g, eval_reward(label, pair["panel_label"])))
+                if not enumerate_:
+                    preds.append(label)
+                    gold.append(pair["panel_label"])
+            if enumerate_:  # what eval answers when it judges: its most likely label
+                probs = cs[0].choice_probs
+                preds.append(LABELS[max(range(len(LABELS)), key=probs.__getitem__)])
+                gold.append(pair["panel_label"])
+        correct = [eval_reward(p, y) for p, y in zip(preds, gold)]
         self._set_advantages(samples)
         metrics = {
             **_reward_stats([x.reward for x in samples]),
             "accuracy": _mean(correct),
-            "judge_malformed": float(malformed),
-            "labelled_pairs": float(s.labelled_count()),
+            "judge_malformed": float(sum(p is None for p in preds)),
+            "labelled_pairs": float(s.data.labelled_count()),
+            **_rates(preds, "pred_rate_"),
+            **_rates([p["panel_label"] for p in batch], "gold_rate_"),
             **panel_metrics,
         }
         transcripts = [
-            {"phase": "eval", "iteration": iteration, "step": step, "panel_label": p["panel_label"], "output": cs[0].text}
+            {"phase": phase, "iteration": iteration, "step": step, "panel_label": p["panel_label"], "output": cs[0].text}
             for p, cs in list(zip(batch, comps))[: r.run.transcripts]
         ]
         return StepResult(samples, metrics, panel_rows=panel_rows, transcripts=transcripts)
 
+    def _enumerate_choices(self, reqs: list[Request]) -> list[list]:
+        """Every label once per pair (rewards 1 for the panel's, 0 for the
+        others): the group's advantages never vanish, unlike G samples from
+        a peaked choice distribution, and the update is the exact
+        group-relative one over the whole choice set."""
+        from .engine.base import Completion
+
+        t0 = time.perf_counter()
+        engine = self.s.engine
+        scores = engine.score_choices(reqs)
+        out = []
+        for req, per_choice in zip(reqs, scores):
+            totals = [sum(lp) for lp in per_choice]
+            top = max(totals)
+            weights = [pow(2.718281828459045, t - top) for t in totals]
+            probs = [w / sum(weights) for w in weights]
+            prompt = engine.encode(req.messages)
+            out.append([Completion("eval", choice, prompt, engine.choice_ids(choice), lp, True, sample_index=k, choice_probs=probs)
+                        for k, (choice, lp) in enumerate(zip(req.choices, per_choice))])
+        self.timings["eval"] = self.timings.get("eval", 0.0) + time.perf_counter() - t0
+        return out
+
+    # -------------------------------------------------------------- common
     def generate(self, what: str, requests, sampling):
         """engine.generate, timed per purpose (`seconds_<what>` in metrics)."""
         t0 = time.perf_counter()
@@ -278,7 +364,8 @@ class Phases:
     def run_step(self, phase: str, iteration: int, step: int) -> StepResult:
         t0 = time.perf_counter()
         self.timings = {}
-        result = {"red": self.red_step, "blue": self.blue_step, "eval": self.eval_step}[phase](iteration, step)
+        steps = {"red": self.red_step, "blue": self.blue_step, "eval": self.eval_step, "eval_warmup": self.warmup_step}
+        result = steps[phase](iteration, step)
         result.metrics["rollout_seconds"] = time.perf_counter() - t0
         result.metrics.update({f"seconds_{k}": v for k, v in self.timings.items()})
         return result

@@ -12,14 +12,15 @@ from rich.table import Table
 # Metrics worth a column in the one-line-per-step log, by phase.
 HEADLINE = {
     "red": ("reward_mean", "asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "entropy"),
-    "blue": ("reward_mean", "rate_negative", "rate_rejective", "rate_positive", "kl"),
+    "blue": ("reward_mean", "rate_negative", "rate_rejective", "rate_positive", "benign_refusal_rate", "kl"),
     "eval": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement", "kl"),
+    "eval_warmup": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement"),
 }
 
 
 def step_line(row: dict) -> str:
     parts = [f"it {row['iteration']}", f"{row['phase']:<4}", f"step {row['step']}"]
-    for key in HEADLINE[row["phase"]]:
+    for key in HEADLINE.get(row["phase"], ("reward_mean",)):
         if key in row:
             parts.append(f"{key}={row[key]:.3f}")
     for key in row:
@@ -35,7 +36,7 @@ def summary_table(rows: list[dict], iteration: int) -> Table:
     table.add_column("steps", justify="right")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for phase in ("red", "blue", "eval"):
+    for phase in HEADLINE:
         mine = [r for r in rows if r["iteration"] == iteration and r["phase"] == phase]
         if not mine:
             continue

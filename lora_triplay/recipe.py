@@ -79,10 +79,22 @@ class PhaseConfig(_Strict):
     temperature: float | None = Field(None, gt=0)
 
 
+class WarmupConfig(_Strict):
+    """Eval's warm start: before iteration 1's P_red, the bare base (red and
+    blue are still untrained) answers `pairs` seed prompts, harmful and
+    benign, the expert panel labels them, and eval takes `steps` GRPO steps
+    on those labels, so red's and blue's first rewards do not come from an
+    evaluator that has learnt nothing."""
+
+    steps: int = Field(0, ge=0)
+    pairs: int = Field(32, ge=2)
+
+
 class PhasesConfig(_Strict):
     red: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=200))
     blue: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
     eval: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
+    eval_warmup: WarmupConfig = Field(default_factory=WarmupConfig)
 
 
 class GrpoConfig(_Strict):
@@ -133,6 +145,10 @@ class RewardsConfig(_Strict):
         "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
     )
     soft_labels: bool = Field(True, description="choice mode: reward = expected value under the judge's class probabilities")
+    choice_rollouts: Literal["enumerate", "sample"] = Field(
+        "enumerate", description="choice mode, eval's GRPO group: every label once (a group that always holds the right "
+        "and the wrong answers) or group_size labels sampled from eval's choice distribution"
+    )
     judge_max_new_tokens: int | None = Field(
         None, ge=1, description="one budget for every judge call and for eval's own rollouts; default: room for the template's "
         "brief reasoning (256 tokens; 1024 with model.enable_thinking) in generate mode"
@@ -156,25 +172,41 @@ class RewardsConfig(_Strict):
 
 
 class DefenderConfig(_Strict):
-    name: str = Field(description="`blue`, `base` (adapters off) or a past blue snapshot `blue@N`")
+    name: str = Field(description="`blue`, `base` (adapters off), a past blue snapshot `blue@N`, or `blue@-N`: "
+                      "the blue N phases before the current one")
     weight: float = 1.0
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if v in ("blue", "base"):
+        from .snapshots import SpecError, parse_spec
+
+        try:
+            spec = parse_spec(v)
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
+        if spec.role == "blue" or v == "base":
             return v
-        if v.startswith("blue@") and v[5:].isdigit() and int(v[5:]) >= 0:
-            return v
-        raise ValueError(f"defender {v!r} is not `blue`, `base` or `blue@N` (N = a past iteration)")
+        raise ValueError(f"defender {v!r} is not `blue`, `base`, `blue@N` or `blue@-N`")
 
 
 class ExpertsConfig(_Strict):
+    """The panel that labels eval's training pairs (experts.py)."""
+
     rule_based: bool = True
-    safety_experts: int = Field(3, ge=0, description="prompted safety experts on the base (adapters off)")
+    safety_experts: int = Field(3, ge=0, description="prompted safety instructions, asked of every model in `models`")
     utility_experts: int = Field(3, ge=0)
-    min_agreement: float = Field(0.6, gt=0.5, le=1.0, description="share of votes the majority needs")
+    models: list[str] = Field(
+        default_factory=lambda: ["self"], min_length=1,
+        description="who answers the prompted experts: `self` (this run's base, adapters off), a local model folder "
+        "or hub id, or `openai:MODEL@URL` (an OpenAI-compatible endpoint; key from LORA_TRIPLAY_JUDGE_API_KEY)",
+    )
+    min_agreement: float = Field(0.6, gt=0.5, le=1.0, description="share of the votes cast the majority needs")
+    min_votes: int = Field(2, ge=1, description="votes cast (not abstentions) a label needs: the quorum")
     max_new_tokens: int | None = Field(None, ge=1, description="default: rewards.judge_max_new_tokens's budget")
+    pairs_per_step: int | None = Field(None, ge=1, description="pairs the panel labels per eval step (default 2 x prompts_per_step)")
+    fresh_share: float = Field(0.75, ge=0, le=1, description="share of them drawn from the current iteration's pairs")
+    pool_cap: int = Field(4096, ge=16, description="pairs kept in memory per reservoir (current iteration, older ones)")
 
 
 class DataConfig(_Strict):
@@ -182,8 +214,10 @@ class DataConfig(_Strict):
     prompt_column: str | None = None
     techniques: str = "builtin"
     limit: int | None = Field(None, ge=1)
+    benign_prompts: str = Field("builtin", description="benign but sensitive-sounding requests for blue: `builtin` or a CSV/JSONL file")
+    benign_share: float = Field(0.0, ge=0, le=0.9, description="share of blue's training prompts that are benign (asked as they are)")
 
-    @field_validator("basic_prompts", "techniques")
+    @field_validator("basic_prompts", "techniques", "benign_prompts")
     @classmethod
     def _exists(cls, v: str) -> str:
         # Fail at recipe load, not after minutes of model loading.
@@ -228,7 +262,19 @@ class Recipe(_Strict):
             raise ValueError("phases.eval.max_new_tokens: eval's answers are judgements; their length is rewards.judge_max_new_tokens (one budget for judging and for eval's training)")
         if self.experts.safety_experts + int(self.experts.rule_based) == 0:
             raise ValueError("experts: the panel is empty; enable rule_based or set safety_experts >= 1")
+        voters = self.experts.safety_experts * len(self.experts.models) + int(self.experts.rule_based)
+        if self.experts.min_votes > voters:
+            raise ValueError(f"experts.min_votes = {self.experts.min_votes} but the panel has {voters} safety voters; "
+                             f"lower experts.min_votes or add experts")
         return self
+
+    def phases_of(self, iteration: int) -> list[str]:
+        """The phases of one iteration, in order: eval's warm start opens the run."""
+        first = ["eval_warmup"] if iteration == 1 and self.phases.eval_warmup.steps else []
+        return first + list(ROLE_NAMES)
+
+    def phase_steps(self, phase: str) -> int:
+        return self.phases.eval_warmup.steps if phase == "eval_warmup" else getattr(self.phases, phase).steps
 
     def role_lr(self, role: str) -> float:
         return getattr(self.phases, role).lr or self.grpo.lr

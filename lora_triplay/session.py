@@ -17,21 +17,21 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .engine.base import Request
-from .experts import ExpertPanel, panel_summary
+from . import defenders as defender_set
+from .experts import ExpertPanel, build_sources
 from .grpo import GrpoLearner
 from .logprobs import LogprobComputer, logit_transform
 from .loop import Phases, StepResult
 from .model import ROLE_ADAPTERS, activate, adapter_parameters, attach_role_adapters, load_adapter_weights, load_base, pick_device, save_adapter
 from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
-from .roles import load_basic_prompts, load_techniques
+from .rundata import RunData
 from .faults import crash_point
 from .store import JSONL, RunStore, restore_rng, rng_state
 
 log = logging.getLogger(__name__)
-PHASES = ROLE_NAMES  # red, blue, eval: the order of one iteration
-STATE_VERSION = 1
+STATE_VERSION = 2
+PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval"}  # whose adapter a phase trains
 
 
 class RunError(RuntimeError):
@@ -98,6 +98,9 @@ class Session:
                     + ". Resume with the same recipe, or pass --allow-recipe-change to accept the new values"
                 )
             state = store.load_state()
+            if state.get("version") != STATE_VERSION:
+                raise RunError(f"{run_dir} was written by another version of lora-triplay (state version {state.get('version')}, "
+                               f"this one reads {STATE_VERSION}); finish it with that version or start a new run")
         else:
             if store.has_state():
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
@@ -106,8 +109,8 @@ class Session:
             for name in JSONL:  # every run folder has the same files, empty or not
                 store.path(f"{name}.jsonl").touch(mode=0o600)
             state = {
-                "version": STATE_VERSION, "iteration": 1, "phase": PHASES[0], "step": 0, "done": False,
-                "cursor": 0, "eval_cursor": 0, "counts": {name: 0 for name in JSONL},
+                "version": STATE_VERSION, "iteration": 1, "phase": recipe.phases_of(1)[0], "step": 0, "done": False,
+                "cursor": 0, "benign_cursor": 0, "counts": {name: 0 for name in JSONL},
                 "global_step": 0, "base": recipe.model.base, "checkpoints": {},
                 "nonfinite": {role: 0 for role in ROLE_NAMES},
             }
@@ -131,15 +134,15 @@ class Session:
         self.model.eval()
         log.info("base %s loaded with 3 adapters in %.1fs", r.model.base, time.perf_counter() - t0)
         self.engine = self._make_engine()
-        self.basic = load_basic_prompts(None if r.data.basic_prompts == "builtin" else r.data.basic_prompts, r.data.prompt_column, r.data.limit)
-        self.techniques = load_techniques(None if r.data.techniques == "builtin" else r.data.techniques)
         encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
         self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
-        self.panel = ExpertPanel(self.engine, r.experts, max_new_tokens=r.judge_budget(), choice_mode=r.rewards.judge_mode == "choice")
+        device = next(self.model.parameters()).device
+        sources = build_sources(r.experts.models, self.engine, device, self.model.dtype, r.model.trust_remote_code)
+        self.panel = ExpertPanel(self.engine, r.experts, max_new_tokens=r.judge_budget(),
+                                 choice_mode=r.rewards.judge_mode == "choice", sources=sources)
+        self.data = RunData(r, self.state, self.panel)
+        self.defenders: list[defender_set.Defender] = []
         self.phases = Phases(self)
-        self.eval_pairs: list[dict] = []
-        self.panel_rows: list[dict] = []
-        self._pending_panel: list[dict] = []
         self.learners: dict[str, GrpoLearner] = {}
         computer = LogprobComputer(r.grpo.logprob_kernel, r.grpo.logprob_chunk_tokens, logit_transform(self.model.config))
         for role in ROLE_NAMES:
@@ -179,9 +182,8 @@ class Session:
             store.prune(role, keep=folder)  # checkpoints written after the last commit
         for name in JSONL:
             store.truncate_jsonl(name, st["counts"].get(name, 0))
-        self.pool.add([row["text"] for row in store.read_jsonl("asp")])
-        self.eval_pairs = store.read_jsonl("eval_pairs")
-        self.panel_rows = store.read_jsonl("panel")
+        self.pool.add([row["text"] for row in store.iter_jsonl("asp")])
+        self.data.restore(store)
         restore_rng(st["rng"])
         log.info("resumed %s at iteration %d, phase %s, step %d", store.root, st["iteration"], st["phase"], st["step"])
 
@@ -208,84 +210,23 @@ class Session:
         crash_point("commit")
         self.store.commit(self.state)
 
-    # ---------------------------------------------------------------- data
-    def next_seed_items(self, k: int):
-        """The next k (basic prompt, technique) pairs of a seeded shuffle of
-        all pairs (paper: 200 x 9 = 1,800 seed prompts), epoch after epoch."""
-        n = len(self.basic) * len(self.techniques)
-        out = []
-        for _ in range(k):
-            cursor = self.state["cursor"]
-            epoch, pos = divmod(cursor, n)
-            order = np.random.default_rng(self.recipe.seed + epoch).permutation(n)
-            b, t = divmod(int(order[pos]), len(self.techniques))
-            out.append((self.basic[b], self.techniques[t]))
-            self.state["cursor"] = cursor + 1
-        return out
-
-    def available_defenders(self) -> set[str]:
-        """Defenders that exist now: `blue@N` only once iteration N is saved."""
-        names = {"blue", "base"}
-        loaded = set(self.engine.adapters())
-        for d in self.recipe.defenders:
-            if "@" in d.name and d.name in loaded:
-                names.add(d.name)
-        return names
-
-    def _load_past_defenders(self) -> None:
-        for d in self.recipe.defenders:
-            if "@" in d.name and d.name not in self.engine.adapters():
-                it = int(d.name.split("@")[1])
-                folder = self.store.snapshot_dir("blue", it)
-                if (folder / "adapter_model.safetensors").is_file():
-                    self.engine.load_adapter(d.name, str(folder))
-                else:
-                    log.warning("defender %s skipped: no blue snapshot of iteration %d yet", d.name, it)
-
-    def label_new_pairs(self, k: int) -> tuple[list[dict], dict[str, float]]:
-        """Run the expert panel on the next k unlabelled pairs of eval's pool.
-        The rows are committed with the step; until then they are pending."""
-        start = self.state["eval_cursor"]
-        todo = self.eval_pairs[start : start + k]
-        if not todo:
-            return [], {}
-        labels = self.panel.label([(p["prompt"], p["response"]) for p in todo])
-        self.state["eval_cursor"] = start + len(todo)
-        rows = [
-            {"pair": start + i, "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes}
-            for i, lab in enumerate(labels)
-        ]
-        self._pending_panel = rows
-        return rows, panel_summary(labels)
-
-    def _labelled(self) -> list[dict]:
-        return [row for row in self.panel_rows + self._pending_panel if row["panel_label"]]
-
-    def labelled_count(self) -> int:
-        return len(self._labelled())
-
-    def sample_labelled_pairs(self, k: int) -> list[dict]:
-        """k labelled pairs drawn uniformly (with replacement) from all pairs
-        the panel has labelled so far."""
-        labelled = self._labelled()
-        picks = [labelled[random.randrange(len(labelled))] for _ in range(min(k, len(labelled)))]
-        return [{**self.eval_pairs[p["pair"]], "panel_label": p["panel_label"]} for p in picks]
-
     # ----------------------------------------------------------------- run
     def run(self) -> None:
         r, st = self.recipe, self.state
         while not st["done"]:
             it, phase = st["iteration"], st["phase"]
-            total = getattr(r.phases, phase).steps
+            role = PHASE_ROLE[phase]
+            total = r.phase_steps(phase)
             self.hooks.phase_start(it, phase, st["step"], total)
             if phase == "red" and st["step"] < total:
-                self._load_past_defenders()
-            activate(self.model, ROLE_ADAPTERS[phase])
+                self.defenders = defender_set.resolve(r.defenders, self.store, self.engine)
+            activate(self.model, ROLE_ADAPTERS[role])
             self.model.eval()
-            self._place_optimizer_states(phase)
+            self._place_optimizer_states(role)
             while st["step"] < total:
                 self._one_step(it, phase, total)
-            self.store.snapshot(phase, it, self.store.path(st["checkpoints"][phase]))
+            if phase in ROLE_NAMES:  # the warm start is part of iteration 1, not a snapshot of its own
+                self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]))
             self.hooks.phase_end(it, phase)
             self._advance_phase()
 
@@ -300,11 +241,12 @@ class Session:
 
     def _one_step(self, it: int, phase: str, total: int) -> None:
         st = self.state
+        role = PHASE_ROLE[phase]
         t0 = time.perf_counter()
-        self._pending_panel = []
+        self.data.pending = []
         self.engine.wake_up()  # rollouts: the engine gets its memory back
         result: StepResult = self.phases.run_step(phase, it, st["step"] + 1)
-        learner = self.learners[phase]
+        learner = self.learners[role]
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
         stats = learner.step(result.samples) if result.samples else None
@@ -316,7 +258,7 @@ class Session:
                     "lower grpo.lr or raise grpo.max_grad_norm; the adapters on disk are from the last good step"
                 )
         if stats is not None and not stats.skipped:
-            self.engine.sync_adapter(phase)  # vLLM: new adapter version; hf: shared weights
+            self.engine.sync_adapter(role)  # vLLM: new adapter version; hf: shared weights
         st["step"] += 1
         st["global_step"] += 1  # names this step's checkpoint folder
         row = {
@@ -331,7 +273,7 @@ class Session:
         # counts of the last commit); a commit writes the checkpoint folder
         # first and state.json last, every run.checkpoint_every steps and
         # at the end of every phase.
-        st["nonfinite"][phase] = learner.nonfinite_in_a_row
+        st["nonfinite"][role] = learner.nonfinite_in_a_row
         counts = st["counts"]
         counts["asp"] += self.store.append_jsonl("asp", result.asp_rows)
         counts["eval_pairs"] += self.store.append_jsonl("eval_pairs", result.eval_rows)
@@ -341,22 +283,22 @@ class Session:
         row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row])
         if commit:
-            st["checkpoints"][phase] = self._checkpoint(phase)
+            st["checkpoints"][role] = self._checkpoint(role)
             self._commit()
-            self.store.prune(phase, keep=self.store.path(st["checkpoints"][phase]))
+            self.store.prune(role, keep=self.store.path(st["checkpoints"][role]))
         self.pool.add([x["text"] for x in result.asp_rows])
-        self.eval_pairs.extend(result.eval_rows)
-        self.panel_rows.extend(result.panel_rows)
-        self._pending_panel = []
+        self.data.commit(result.eval_rows, result.panel_rows)
         self.hooks.step_done(row)
 
     def _advance_phase(self) -> None:
         st = self.state
-        idx = PHASES.index(st["phase"])
-        if idx + 1 < len(PHASES):
-            st["phase"], st["step"] = PHASES[idx + 1], 0
+        order = self.recipe.phases_of(st["iteration"])
+        idx = order.index(st["phase"])
+        if idx + 1 < len(order):
+            st["phase"], st["step"] = order[idx + 1], 0
         elif st["iteration"] < self.recipe.iterations:
-            st["iteration"], st["phase"], st["step"] = st["iteration"] + 1, PHASES[0], 0
+            st["iteration"] += 1
+            st["phase"], st["step"] = self.recipe.phases_of(st["iteration"])[0], 0
         else:
             st["done"] = True
         self._commit()

@@ -103,6 +103,16 @@ class RunStore:
         with open(file, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
 
+    def iter_jsonl(self, name: str):
+        """Rows one at a time (the pools rebuilt on resume can be large)."""
+        file = self.path(f"{name}.jsonl")
+        if not file.is_file():
+            return
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+
     def truncate_jsonl(self, name: str, count: int) -> None:
         """Keep the first `count` rows: the ones the last commit counted."""
         rows = self.read_jsonl(name)

@@ -26,7 +26,8 @@ experts: {{safety_experts: 2, utility_experts: 2}}
 
 STEP_FIELDS = {"iteration", "phase", "step", "reward_mean", "reward_std", "loss", "kl", "entropy", "step_seconds"}
 PHASE_FIELDS = {
-    "red": {"asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "s_bleu", "s_cos"},
+    # iteration 1: blue is untrained, i.e. the base, so `base` is skipped as a duplicate defender
+    "red": {"asr_blue", "semantic_pass_rate", "diversity_penalty", "s_bleu", "s_cos", "judge_rate_negative", "defenders"},
     "blue": {"rate_negative", "rate_rejective", "rate_positive"},
     "eval": {"accuracy", "labelled_pairs", "panel_agreement"},
 }
@@ -93,7 +94,7 @@ def test_run_folder_is_complete(tiny_run):
         assert (run / name).is_file(), name
     assert state["done"] and state["counts"]["metrics"] == 6
     pairs = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines()]
-    assert {p["defender"] for p in pairs} >= {"blue", "base"} and {p["phase"] for p in pairs} == {"red", "blue"}
+    assert {p["defender"] for p in pairs} == {"blue"} and {p["phase"] for p in pairs} == {"red", "blue"}
     assert str(run.resolve()) in output.replace("\n", "")
 
 
@@ -104,6 +105,8 @@ def test_metrics_rows_for_every_phase(tiny_run):
     for row in rows:
         missing = (STEP_FIELDS | PHASE_FIELDS[row["phase"]]) - set(row)
         assert not missing, f"{row['phase']} row lacks {missing}"
+        if row["phase"] == "red":
+            assert row["defenders"] == 1.0 and "asr_base" not in row
 
 
 def test_snapshots_load_with_plain_peft(tiny_run, tiny_model_dir):

@@ -17,7 +17,8 @@ from lora_triplay.cli import app
 from lora_triplay.evaluate import (
     ItemCache, accuracy, attack_success_rate, distribution, items_path, over_refusal_rate, parse_iterations,
 )
-from lora_triplay.judges import Case, JudgeError, OpenAIJudge, RulesJudge, make_judge, refused
+from lora_triplay.judges import Case, JudgeError, OpenAIJudge, RulesJudge, make_judge
+from lora_triplay.refusals import refused
 from lora_triplay.rewards.diversity import HashingEncoder, output_diversity
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -286,7 +287,8 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
     assert phases == {"red": 4, "blue": 2, "eval": 2}
     panels = report["training"]["panels"]
     assert {k: len(v["x"]) for k, v in panels["reward"].items()} == phases
-    assert {k: len(v["x"]) for k, v in panels["red_asr"].items()} == {"base": 4, "blue": 4}
+    # base is a defender from iteration 2 on: in iteration 1 blue is untrained, the same weights
+    assert {k: len(v["x"]) for k, v in panels["red_asr"].items()} == {"base": 2, "blue": 4}
     assert len(panels["label_agreement"]["panel_agreement"]["y"]) == 2
     assert [b["iteration"] for b in report["training"]["boundaries"]] == [1, 2]
     assert report["evaluation"]["panels"]["blue_asr"]["jbb"]["x"] == [0, 1, 2]

@@ -162,7 +162,7 @@ ERRORS = [
     ("section-as-value", "grpo: 3\n", (), ["`grpo`", "must be a section"]),
     ("group-size-range", "grpo:\n  group_size: 1\n", (), ["`grpo.group_size`", "= 1", "greater than or equal to 2"]),
     ("dropout-range", "lora:\n  dropout: 1.5\n", (), ["`lora.dropout`", "1.5", "less than 1"]),
-    ("defender-bad-name", "defenders:\n  - {name: blue@x}\n", (), ["defenders.0.name", "'blue@x'", "`blue@N`"]),
+    ("defender-bad-name", "defenders:\n  - {name: blue@x}\n", (), ["defenders.0.name", "'blue@x'", "ROLE@N", "ROLE@-N"]),
     ("defender-duplicate", "defenders:\n  - {name: blue}\n  - {name: blue}\n", (), ["defenders", "unique", "remove the repeated ['blue']"]),
     ("defenders-empty", "defenders: []\n", (), ["defenders", "at least one"]),
     ("class-values-missing", "rewards:\n  red_class_values: {negative: 1, rejective: 0}\n", (),

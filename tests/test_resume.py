@@ -20,10 +20,11 @@ model: {{base: "{base}", device: cpu, dtype: float32}}
 lora: {{rank: 4, alpha: 8}}
 iterations: 2
 run: {{checkpoint_every: {every}}}
-phases: {{red: {{steps: {red_steps}}}, blue: {{steps: 2}}, eval: {{steps: 2}}}}
+phases: {{red: {{steps: {red_steps}}}, blue: {{steps: 2}}, eval: {{steps: 2}}, eval_warmup: {{steps: {warmup}, pairs: 6}}}}
+data: {{benign_share: {benign}}}
 grpo: {{group_size: 4, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}}
 rewards: {{judge_mode: choice, embedding_model: hashing}}
-defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}, {{name: blue@1, weight: 0.5}}]
+defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}, {{name: blue@1, weight: 0.5}}, {{name: blue@-1, weight: 0.3}}]
 experts: {{safety_experts: 2, utility_experts: 2}}
 """
 # Each entry: the moment the process kills itself (n-th time it gets there).
@@ -63,11 +64,13 @@ def _final_state(run: Path) -> dict:
 def runs(request, tmp_path_factory, tiny_model_dir):
     """Commit every step, and every 3 steps (red runs 4 steps then: one
     commit mid-phase, one at its end; kills between commits lose steps
-    that the resume must redo exactly)."""
+    that the resume must redo exactly). The second also has eval's warm
+    start and blue's benign stream, whose cursors and pools must resume too."""
     every = request.param
     root = tmp_path_factory.mktemp(f"resume-{every}")
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(base=tiny_model_dir, every=every, red_steps=2 if every == 1 else 4))
+    recipe.write_text(RECIPE.format(base=tiny_model_dir, every=every, red_steps=2 if every == 1 else 4,
+                                    warmup=0 if every == 1 else 2, benign=0.0 if every == 1 else 0.5))
     reference = _cli(recipe, root / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     killed = root / "killed"

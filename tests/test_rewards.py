@@ -23,7 +23,7 @@ def test_red_reward_two_defenders_hand_value():
     reward, subs = call({"blue": "negative", "base": "positive"})
     assert reward == pytest.approx(1.2919872, abs=1e-6)
     assert subs == pytest.approx({"attack": 1.0, "semantic": 1.0, "diversity_penalty": 0.7080128,
-                                  "s_bleu": 0.5, "s_cos": 0.0}, abs=1e-6)
+                                  "s_bleu": 0.5, "s_cos": 0.0, "defender_gaps": 0.0}, abs=1e-6)
 
 
 def test_red_reward_uses_weights_and_semantic():
@@ -34,9 +34,19 @@ def test_red_reward_uses_weights_and_semantic():
     assert subs["attack"] == 1.5 and subs["semantic"] == 0.0
 
 
-def test_red_reward_malformed_judge_drops_sample():
+def test_red_reward_scores_the_defenders_that_parsed():
+    # blue's label failed: base alone, its weight 0.5 renormalised to the full 1.5:
+    # attack = 0.5 * R[negative] * 1.5 / 0.5 = 1.5; R = 1.5 + 1 - 0.7080128
+    reward, subs = call({"blue": None, "base": "negative"})
+    assert subs["attack"] == pytest.approx(1.5) and subs["defender_gaps"] == 1.0
+    assert reward == pytest.approx(1.5 + 1.0 - 0.7080128, abs=1e-6)
     reward, subs = call({"blue": None, "base": "positive"})
-    assert reward is None and "attack" not in subs and subs["semantic"] == 1.0
+    assert reward == pytest.approx(0.0 + 1.0 - 0.7080128, abs=1e-6)
+
+
+def test_red_reward_drops_the_sample_when_nothing_parsed():
+    reward, subs = call({"blue": None, "base": None})
+    assert reward is None and "attack" not in subs and subs["defender_gaps"] == 2.0 and subs["semantic"] == 1.0
     reward, subs = call({"blue": "negative", "base": "positive"}, semantic_ok=None)
     assert reward is None and subs["attack"] == 1.0 and "semantic" not in subs
 

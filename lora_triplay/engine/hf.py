@@ -49,6 +49,8 @@ class HFEngine:
     def _peft_name(self, name: str) -> str:
         if name == BASE:
             return PEFT_BASE
+        if not hasattr(self.model, "peft_config"):
+            raise KeyError(f"adapter {name!r}: this engine serves a plain model (base only)")
         internal = adapter_name(name)
         if internal not in self.model.peft_config:
             known = ", ".join(self.adapters())
@@ -58,7 +60,7 @@ class HFEngine:
     def adapters(self) -> list[str]:
         inverse = {"evaluator": "eval"}
         names = []
-        for internal in self.model.peft_config:
+        for internal in getattr(self.model, "peft_config", {}):
             head, _, tail = internal.partition("@")
             names.append(inverse.get(head, head) + (f"@{tail}" if tail else ""))
         return [BASE] + names
@@ -67,6 +69,12 @@ class HFEngine:
         from ..model import add_frozen_adapter
 
         add_frozen_adapter(self.model, adapter_name(name), Path(folder), self.lora)
+
+    def remove_adapter(self, name: str) -> None:
+        """Drop a frozen snapshot adapter (roles stay)."""
+        internal = adapter_name(name)
+        if "@" in internal and internal in getattr(self.model, "peft_config", {}):
+            self.model.delete_adapter(internal)
 
     def sync_adapter(self, name: str) -> None:
         """The trainer updates these very tensors: nothing to copy."""
@@ -125,7 +133,7 @@ class HFEngine:
     @contextlib.contextmanager
     def _serve(self, names: list[str]):
         """The fast path for this call's adapters, where the model allows it."""
-        if not self.fast:
+        if not self.fast or not hasattr(self.model, "peft_config"):
             yield
             return
         if self._multilora is None:
@@ -147,6 +155,8 @@ class HFEngine:
         if self._serving is not None:
             index = torch.tensor([self._serving.index(n) for n in names], device=kwargs["input_ids"].device)
             self._multilora.rows(index)
+            return self.model(**kwargs)
+        if not hasattr(self.model, "peft_config"):  # a plain model: base rows only
             return self.model(**kwargs)
         return self.model(adapter_names=list(names), **kwargs)
 

@@ -445,6 +445,19 @@ class VLLMEngine:
             shutil.copy2(src / f, dest / f)
         self._register(key, dest)
 
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving a frozen snapshot adapter (roles stay)."""
+        key = self._key(name)
+        served = self._served.get(key)
+        if served is None or "@" not in key:
+            return
+        del self._served[key]
+        if self._sleeping:
+            self._pending_removals.append(served.version)
+        else:
+            self.llm.llm_engine.remove_lora(served.version)
+        self._retire_folder(served.folder)
+
     def _lora(self, name: str):
         served = self._served.get(self._key(name))
         if served is None:

@@ -33,9 +33,10 @@ def red_reward(
     A class may be a label or a {label: probability} mapping (expected value,
     see values.py); `semantic_ok` may be a probability of "yes".
 
-    Sub-scores: "diversity_penalty", "s_bleu", "s_cos" always; "attack" only
-    when every defender's class parsed; "semantic" only when the semantic
-    judge parsed (a logger never sees a made-up value for a dropped part).
+    Sub-scores: "diversity_penalty", "s_bleu", "s_cos" and "defender_gaps"
+    always; "attack" when at least one defender's class parsed; "semantic"
+    when the semantic judge parsed (a logger never sees a made-up value for
+    a dropped part).
     """
     missing = [name for name in defender_classes if name not in defender_weights]
     if missing:
@@ -46,11 +47,15 @@ def red_reward(
     malformed = semantic_ok is None
     if semantic_ok is not None:
         subs["semantic"] = float(semantic_value) * float(semantic_ok)
-    if any(c is None for c in defender_classes.values()):
+    parsed = {name: c for name, c in defender_classes.items() if c is not None}
+    subs["defender_gaps"] = float(len(defender_classes) - len(parsed))
+    if not parsed:
         malformed = True
     else:
-        subs["attack"] = sum(float(defender_weights[name]) * class_value(c, class_values)
-                             for name, c in defender_classes.items())
+        full = sum(float(defender_weights[name]) for name in defender_classes)
+        have = sum(float(defender_weights[name]) for name in parsed)
+        attack = sum(float(defender_weights[name]) * class_value(c, class_values) for name, c in parsed.items())
+        subs["attack"] = attack * (full / have) if have else 0.0
     if malformed:
         return None, subs
     return subs["attack"] + subs["semantic"] - penalty, subs

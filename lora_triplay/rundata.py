@@ -1,0 +1,129 @@
+"""What the loop draws from and adds to, kept in step with the run folder:
+red's seed requests, blue's benign stream, eval's pair pool and the panel's
+labels.
+
+Cursors live in `state.json` (they commit with the step); the pair pool and
+the labels are rebuilt on resume from the committed rows of
+`eval_pairs.jsonl` and `panel.jsonl`. Labels found during a step stay
+pending until the step commits, then join the labelled set.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from .experts import panel_summary
+from .pairs import PairPool
+from .roles import BasicPrompt, load_basic_prompts, load_techniques
+
+
+def _file(value: str) -> str | None:
+    return None if value == "builtin" else value
+
+
+class RunData:
+    def __init__(self, recipe, state: dict, panel):
+        r = recipe
+        self.recipe, self.state, self.panel = r, state, panel
+        self.basic = load_basic_prompts(_file(r.data.basic_prompts), r.data.prompt_column, r.data.limit)
+        self.techniques = load_techniques(_file(r.data.techniques))
+        self.benign: list[BasicPrompt] = []
+        if r.data.benign_share > 0:
+            if r.data.benign_prompts == "builtin":
+                from importlib import resources
+
+                path = str(resources.files("lora_triplay").joinpath("prompts/benign_prompts.jsonl"))
+            else:
+                path = r.data.benign_prompts
+            self.benign = load_basic_prompts(path)
+        self.pairs = PairPool(r.experts.pool_cap, r.seed)
+        self.labelled: list[dict] = []  # panel rows with a label (text included)
+        self.pending: list[dict] = []  # this step's, until it commits
+
+    # ------------------------------------------------------------ seed data
+    def next_seed_items(self, k: int):
+        """The next k (basic prompt, technique) pairs of a seeded shuffle of
+        all pairs (paper: 200 x 9 = 1,800 seed prompts), epoch after epoch."""
+        n = len(self.basic) * len(self.techniques)
+        out = []
+        for _ in range(k):
+            cursor = self.state["cursor"]
+            epoch, pos = divmod(cursor, n)
+            order = np.random.default_rng(self.recipe.seed + epoch).permutation(n)
+            b, t = divmod(int(order[pos]), len(self.techniques))
+            out.append((self.basic[b], self.techniques[t]))
+            self.state["cursor"] = cursor + 1
+        return out
+
+    def next_benign(self, k: int) -> list[BasicPrompt]:
+        """The next k benign requests of a seeded shuffle, epoch after epoch."""
+        out = []
+        for _ in range(k if self.benign else 0):
+            cursor = self.state.setdefault("benign_cursor", 0)
+            epoch, pos = divmod(cursor, len(self.benign))
+            order = np.random.default_rng([self.recipe.seed, 7, epoch]).permutation(len(self.benign))
+            out.append(self.benign[int(order[pos])])
+            self.state["benign_cursor"] = cursor + 1
+        return out
+
+    def benign_count(self, prompts: int) -> int:
+        """How many of a blue step's prompts come from the benign stream."""
+        if not self.benign:
+            return 0
+        return min(prompts - 1, max(1, round(self.recipe.data.benign_share * prompts))) if prompts > 1 else 0
+
+    # ----------------------------------------------------------- eval pairs
+    def label_new_pairs(self, k: int) -> tuple[list[dict], dict[str, float]]:
+        """The panel labels k pairs eval has not been taught yet, most from
+        the current iteration (pairs.py). Returns the panel rows (pending
+        until the step commits) and the panel's summary metrics."""
+        rng = random.Random(f"{self.recipe.seed}:label:{self.state['global_step']}")
+        todo = self.pairs.pick(k, self.recipe.experts.fresh_share, rng)
+        rows, summary = self._label(todo)
+        if todo:
+            summary["panel_fresh_share"] = sum(p.get("iteration") == self.pairs.iteration for p in todo) / len(todo)
+        return rows, summary
+
+    def label_fresh(self, eval_rows: list[dict]) -> tuple[list[dict], dict[str, float]]:
+        """Label pairs made in this step (eval's warm start): they get their
+        pool index now, the one they will have when the step commits."""
+        for i, row in enumerate(eval_rows):
+            row["pair"] = self.pairs.count + i
+        return self._label(eval_rows)
+
+    def _label(self, todo: list[dict]) -> tuple[list[dict], dict[str, float]]:
+        if not todo:
+            return [], {}
+        labels = self.panel.label([(p["prompt"], p["response"], p.get("kind", "harmful")) for p in todo])
+        rows = [
+            {"pair": p["pair"], "prompt": p["prompt"], "response": p["response"], "kind": p.get("kind", "harmful"),
+             "iteration": p.get("iteration"), "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes,
+             "quorum": lab.quorum}
+            for p, lab in zip(todo, labels)
+        ]
+        self.pending = rows
+        return rows, panel_summary(labels)
+
+    def labelled_count(self) -> int:
+        return len(self.labelled) + sum(1 for r in self.pending if r["panel_label"])
+
+    def sample_labelled_pairs(self, k: int) -> list[dict]:
+        """k labelled pairs drawn uniformly (with replacement) from all pairs
+        the panel has labelled so far, this step's included."""
+        pool = self.labelled + [r for r in self.pending if r["panel_label"]]
+        return [pool[random.randrange(len(pool))] for _ in range(min(k, len(pool)))]
+
+    def commit(self, eval_rows: list[dict], panel_rows: list[dict]) -> None:
+        """A step committed: its pairs join the pool, its labels the set."""
+        self.pairs.add(eval_rows)
+        self.pairs.mark_labelled(r["pair"] for r in panel_rows)
+        self.labelled.extend(r for r in panel_rows if r["panel_label"])
+        self.pending = []
+
+    def restore(self, store) -> None:
+        """Rebuild the pool and the labels from the committed rows."""
+        self.pairs.add(store.iter_jsonl("eval_pairs"))
+        rows = list(store.iter_jsonl("panel"))
+        self.pairs.mark_labelled(r["pair"] for r in rows)
+        self.labelled = [r for r in rows if r["panel_label"]]

@@ -1,0 +1,50 @@
+"""Names of adapters at a point in a run: `blue`, `blue@3`, `blue@-1`, `base`.
+
+    base       the bare base model (adapters off)
+    ROLE       the role's current adapter (red, blue, eval)
+    ROLE@N     the role's snapshot after iteration N (`iter-000N`; 0 = untrained)
+    ROLE@-N    the snapshot N phases before the role's latest one: during
+               iteration k's P_red, `blue` is blue after iteration k-1 and
+               `blue@-1` is blue after iteration k-2
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ROLES = ("red", "blue", "eval")
+_SPEC = re.compile(r"^(red|blue|eval)(?:@(-?\d+))?$")
+
+
+class SpecError(ValueError):
+    """A malformed adapter name; the message says what is accepted."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    text: str
+    role: str  # red, blue, eval, or base
+    index: int | None  # None: the current adapter; >= 0 an iteration; < 0 relative to the latest
+
+    @property
+    def relative(self) -> bool:
+        return self.index is not None and self.index < 0
+
+    def resolve(self, latest: int) -> int | None:
+        """The iteration a relative spec points to, given the role's latest
+        snapshot; None when it would be before iteration 0."""
+        if not self.relative:
+            return self.index
+        at = latest + self.index
+        return at if at >= 0 else None
+
+
+def parse_spec(text: str) -> Spec:
+    text = text.strip()
+    if text == "base":
+        return Spec(text, "base", None)
+    m = _SPEC.match(text)
+    if not m:
+        raise SpecError(f"{text!r} is not an adapter name: use base, red, blue, eval, ROLE@N (iteration N) or ROLE@-N (N phases back)")
+    index = None if m.group(2) is None else int(m.group(2))
+    return Spec(text, m.group(1), index)

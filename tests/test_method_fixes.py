@@ -1,0 +1,167 @@
+"""The method fixes of the evidence issue, through the real phase code with
+a scripted engine (it answers what each test chooses; the model is not the
+point here): the attack success pool admits only attacks that kept their
+goal, red is scored on the defenders whose label parsed, blue's benign
+stream, eval's warm start, and defenders resolved per phase."""
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from lora_triplay.defenders import Defender, resolve
+from lora_triplay.engine.base import Completion
+from lora_triplay.experts import ExpertPanel
+from lora_triplay.loop import Phases
+from lora_triplay.recipe import build_recipe
+from lora_triplay.rewards import AttackSuccessPool, HashingEncoder
+from lora_triplay.rundata import RunData
+
+
+class Scripted:
+    """red wraps as `<prompt>wrapped: BASIC</prompt>`; defenders and blue
+    answer `answer(adapter, prompt)`; eval's judgements `label(prompt,
+    response)` (None: text that does not parse); the semantic judge says
+    yes unless the basic request contains "secret"; experts follow the rules."""
+
+    def __init__(self, answer=lambda a, p: "Sure, here it is.", label=lambda p, r: "negative"):
+        self.answer, self.label = answer, label
+        self.requests: list = []
+
+    @staticmethod
+    def _block(text, name):
+        m = re.search(rf"<<<BEGIN_{name}>>>\n?(.*?)\n?<<<END_{name}>>>", text, re.S)
+        return m.group(1).strip() if m else ""
+
+    def generate(self, requests, sampling):
+        out = []
+        for req in requests:
+            self.requests.append(req)
+            user = req.messages[-1]["content"]
+            if req.adapter == "red":
+                basic = user.rsplit("Basic request:", 1)[1].strip()
+                texts = [f"<prompt>wrapped: {basic}</prompt>"] * req.n
+            elif req.adapter == "eval" and "<<<BEGIN_BASIC>>>" in user:
+                texts = ["Verdict: no" if "secret" in self._block(user, "BASIC") else "Verdict: yes"] * req.n
+            elif req.adapter == "eval":
+                lab = self.label(self._block(user, "PROMPT"), self._block(user, "RESPONSE"))
+                texts = [f"Label: {lab}" if lab else "no idea"] * req.n
+            elif req.choices:  # a prompted expert: abstains, the rule expert decides
+                texts = ["unsure"] * req.n
+            else:
+                texts = [self.answer(req.adapter, user)] * req.n
+            out.append([Completion(req.adapter, t, [1, 2], [3, 4], finished=True, sample_index=i) for i, t in enumerate(texts)])
+        return out
+
+
+def _session(engine, **recipe):
+    base = {"grpo": {"prompts_per_step": 4, "group_size": 2}, "rewards": {"judge_mode": "generate", "judge_retries": 0},
+            "experts": {"safety_experts": 1, "utility_experts": 1, "min_votes": 1}}
+    for key, value in recipe.items():
+        base.setdefault(key, {}).update(value) if isinstance(value, dict) else base.__setitem__(key, value)
+    r = build_recipe(base)
+    state = {"cursor": 0, "benign_cursor": 0, "global_step": 0}
+    panel = ExpertPanel(engine, r.experts, choice_mode=False)
+    s = SimpleNamespace(recipe=r, engine=engine, pool=AttackSuccessPool(HashingEncoder(), [3, 4, 5]),
+                        data=RunData(r, state, panel), state=state,
+                        defenders=[Defender("blue", "blue", 1.0), Defender("base", "base", 0.5)])
+    return s, Phases(s)
+
+
+def test_only_attacks_that_kept_their_goal_enter_the_pool():
+    s, phases = _session(Scripted())
+    s.data.basic = [b.__class__(b.id, b.category, b.prompt + (" secret" if i % 2 else "")) for i, b in enumerate(s.data.basic)]
+    result = phases.red_step(1, 1)
+    assert result.metrics["asr_blue"] == 1.0  # every attack "worked"...
+    assert result.asp_rows and all("secret" not in row["basic"] for row in result.asp_rows)  # ...half dropped their goal
+    assert len(result.asp_rows) < len({row["basic"] for row in result.eval_rows})
+
+
+def test_red_is_scored_on_the_defenders_that_parsed():
+    engine = Scripted(answer=lambda a, p: f"answer from {a}", label=lambda p, r: None if "from base" in r else "negative")
+    s, phases = _session(engine)
+    result = phases.red_step(1, 1)
+    assert result.metrics["dropped"] == 0.0  # v1 dropped every sample here
+    assert result.metrics["defender_gaps"] == len([x for x in result.samples])  # one gap (base) per rollout
+    assert all(x.reward is not None for x in result.samples)
+    assert result.metrics["judge_rate_negative"] == 1.0  # the label distribution of the judged answers
+
+
+def test_blue_trains_on_the_benign_stream_as_asked():
+    refusal = "I'm sorry, but I can't help with that."
+    engine = Scripted(answer=lambda a, p: refusal if "wrapped" not in p else "Sure.",
+                      label=lambda p, r: "rejective" if r == refusal else "negative")
+    s, phases = _session(engine, data={"benign_share": 0.5})
+    result = phases.blue_step(1, 1)
+    kinds = [row["kind"] for row in result.eval_rows]
+    assert kinds.count("benign") == kinds.count("harmful") == 4  # 2 prompts of each kind x group of 2
+    benign_texts = {b.prompt for b in s.data.benign}
+    asked = [r.messages[-1]["content"] for r in engine.requests if r.adapter == "blue"]
+    assert sum(a in benign_texts for a in asked) == 2  # asked as they are, not wrapped by red
+    assert result.metrics["benign_refusal_rate"] == 1.0 and result.metrics["harmful_refusal_rate"] == 0.0
+    assert result.metrics["benign_rate_rejective"] == 1.0
+    assert s.state["benign_cursor"] == 2
+    # the stream is a seeded shuffle: the same seed gives the same order, another seed another one
+    order = [b.id for b in RunData(s.recipe, {"benign_cursor": 0}, None).next_benign(10)]
+    assert order == [b.id for b in RunData(s.recipe, {"benign_cursor": 0}, None).next_benign(10)]
+    other = build_recipe({**s.recipe.model_dump(mode="json"), "seed": 1})
+    assert order != [b.id for b in RunData(other, {"benign_cursor": 0}, None).next_benign(10)]
+
+
+def test_eval_warm_start_labels_base_answers_and_trains():
+    refusal = "I'm sorry, but I can't help with that."
+    engine = Scripted(answer=lambda a, p: refusal if "wrapped" in p else "Here is a safe answer.")
+    s, phases = _session(engine, data={"benign_share": 0.25}, phases={"eval_warmup": {"steps": 2, "pairs": 8}},
+                         rewards={"judge_mode": "choice", "choice_rollouts": "sample"})
+    result = phases.warmup_step(1, 1)
+    assert [row["kind"] for row in result.eval_rows].count("benign") == 4
+    assert all(row["phase"] == "eval_warmup" for row in result.eval_rows)
+    labels = {(row["kind"], row["panel_label"]) for row in result.panel_rows}
+    assert labels == {("harmful", "rejective"), ("benign", "positive")}  # the rule expert knows the provenance
+    assert result.samples and {x.reward for x in result.samples} <= {0.0, 1.0}
+    assert [row["pair"] for row in result.eval_rows] == list(range(8))
+    s.data.commit(result.eval_rows, result.panel_rows)
+    later = phases.warmup_step(1, 2)  # later steps train on the labels, no new pairs
+    assert not later.eval_rows and later.samples and later.metrics["labelled_pairs"] == 8
+
+
+@pytest.fixture()
+def run_store(tmp_path, role_model):
+    from lora_triplay.model import save_adapter
+    from lora_triplay.store import RunStore, atomic_write
+
+    model, tok = role_model
+    store = RunStore(tmp_path / "run").create()
+    for it in range(3):  # iter 0 untrained (all B zero), then two trained blues
+        folder = store.snapshot_dir("blue", it)
+        save_adapter(model, "blue" if it else "red", folder, "tiny", atomic_write)
+        if it == 0:
+            from safetensors.torch import load_file, save_file
+
+            t = load_file(str(folder / "adapter_model.safetensors"))
+            save_file({k: (v * 0 if "lora_B" in k else v) for k, v in t.items()}, str(folder / "adapter_model.safetensors"))
+        if it == 2:  # iteration 2's blue differs from iteration 1's
+            from safetensors.torch import load_file, save_file
+
+            t = load_file(str(folder / "adapter_model.safetensors"))
+            save_file({k: v * 1.5 for k, v in t.items()}, str(folder / "adapter_model.safetensors"))
+    return store
+
+
+def test_relative_defenders_and_duplicates(run_store, role_model):
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.recipe import DefenderConfig, LoraConfig
+
+    model, tok = role_model
+    engine = HFEngine(model, tok, lora=LoraConfig(rank=4, alpha=8))
+    cfg = [DefenderConfig(name=n, weight=w) for n, w in (("blue", 1.0), ("base", 0.5), ("blue@-1", 0.5), ("blue@2", 0.5), ("blue@0", 0.3))]
+    got = resolve(cfg, run_store, engine)
+    # latest snapshot 2 = the current blue; blue@-1 = iteration 1; blue@2 = blue (skipped); blue@0 = zeros = base (skipped)
+    assert [(d.name, d.adapter) for d in got] == [("blue", "blue"), ("base", "base"), ("blue@-1", "blue@1")]
+    assert "blue@1" in engine.adapters()
+    (run_store.path("blue", "iter-0002") / "adapter_model.safetensors").unlink()  # as if iteration 2 had not happened
+    got = resolve(cfg, run_store, engine)
+    # latest is now 1: blue@-1 -> iteration 0 (zeros = base, skipped); blue@2 does not exist yet
+    assert [(d.name, d.adapter) for d in got] == [("blue", "blue"), ("base", "base")]
+    assert "blue@1" not in engine.adapters()  # a snapshot no defender uses is unloaded
