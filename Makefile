@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM = false
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: install install-vllm demo test smoke-ci bench gpu-wheels
+.PHONY: install install-vllm demo test smoke-ci bench gpu-wheels evidence
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,13 @@ smoke-ci:
 
 bench:
 	$(BIN)/python bench/bench_engines.py
+
+# Does training work? 5 runs of recipes/cpu-evidence.yaml on the embedded
+# model, evaluated with fixed judges on held-out data, reported under
+# bench/results/evidence/ (about 3 hours on 2 cores; resumable).
+DATA ?= ../shared/data
+evidence: install
+	$(BIN)/python bench/evidence.py --data $(DATA) --jobs 2
 
 # Wheels the GPU machine lacks (its image has torch/transformers/peft but no
 # pydantic, and no liger-kernel), for Python 3.12 on x86-64: carried to the

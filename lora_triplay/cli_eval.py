@@ -21,7 +21,7 @@ def eval_command(
     benchmark: List[str] = typer.Option([], "--benchmark", "-b", help="NAME=PATH or NAME=FORMAT:PATH (formats: harmbench, jbb, jbb-harmful, jbb-benign, xstest, strongreject, generic, generic-benign); repeatable"),
     out: Path = typer.Option(..., "--out", "-o", help="aggregated results JSON; per-item results go to OUT.items.jsonl"),
     iterations: str = typer.Option("all", "--iterations", help="all, latest, or N,M,... (blue always adds base as iteration 0)"),
-    judge: str = typer.Option("rules", "--judge", help="rules, eval, eval@N, or openai:MODEL@URL (key from LORA_TRIPLAY_JUDGE_API_KEY or OPENAI_API_KEY)"),
+    judge: str = typer.Option("rules", "--judge", help="rules, panel (a fixed expert panel on the bare base), eval, eval@N, or openai:MODEL@URL (key from LORA_TRIPLAY_JUDGE_API_KEY or OPENAI_API_KEY)"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N items of each benchmark, red prompt set and eval set"),
     defender: List[str] = typer.Option(["base"], "--defender", help="red's fixed defenders: base, blue (latest), blue@N, openai:MODEL@URL; repeatable"),
     red_prompts: Optional[str] = typer.Option(None, "--red-prompts", help="basic prompts for red (default: the first benchmark's harmful items)"),

@@ -2,10 +2,11 @@
 
 Two layouts give the same numbers and the same gradient (tests/test_forward.py):
 
-- **shared prompt** (`SHARED`): each distinct prompt goes through the model
-  once, then every completion runs on top of its prompt's KV cache. A GRPO
-  group's G samples share one prompt, so the prompt costs 1/G of a naive
-  batch, forward and backward. It needs a KV cache that survives the
+- **shared prompt** (`SHARED`): the prefix all prompts share goes through
+  the model once, each distinct prompt's remainder once, then every
+  completion runs on top of its prompt's KV cache. A GRPO group's G samples
+  share one prompt, so the prompt costs 1/G of a naive batch, and a system
+  prompt or judge template once per micro-batch, forward and backward. It needs a KV cache that survives the
   forward, which transformers drops under gradient checkpointing in
   training mode.
 - **full sequence** (`FULL`): every row is its prompt followed by its
@@ -155,21 +156,47 @@ def _scatter(values: torch.Tensor | None, cmask: torch.Tensor) -> torch.Tensor |
     return out.masked_scatter(cmask.bool(), values)
 
 
+MIN_SHARED_PREFIX = 16  # tokens: below this a separate prefix forward costs more than it saves
+
+
+def common_prefix(prompts: Sequence[Sequence[int]], minimum: int = MIN_SHARED_PREFIX) -> int:
+    """Tokens every prompt starts with (a system prompt, a judge template),
+    keeping at least one token of each prompt for its own pass; 0 when
+    fewer than `minimum`."""
+    if len(prompts) < 2:
+        return 0
+    first, limit, n = prompts[0], min(len(p) for p in prompts) - 1, 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n if n >= minimum else 0
+
+
 def _shared_hidden(decoder, rows: Sequence[Rows], pad_id: int, device, c_ids, cmask):
-    """(B, C, H) hidden states predicting each completion token: prompts
-    left-padded in one pass, completions on their prompt's cache."""
+    """(B, C, H) hidden states predicting each completion token: the prefix
+    all prompts share (a system prompt, a judge template) in one pass, the
+    distinct prompts' remainders left-padded in a second pass on its cache,
+    completions on their prompt's cache. Forward and backward, the shared
+    prefix costs once per micro-batch and each prompt once per group."""
     keys = list(dict.fromkeys(tuple(r.prompt_ids) for r in rows))
     where = {k: i for i, k in enumerate(keys)}
-    P = max(len(k) for k in keys)
-    p_ids = torch.full((len(keys), P), pad_id, dtype=torch.long)
+    S = common_prefix(keys)
+    W = max(len(k) for k in keys) - S
+    p_ids = torch.full((len(keys), S + W), pad_id, dtype=torch.long)
     p_mask = torch.zeros_like(p_ids)
     for i, k in enumerate(keys):
-        p_ids[i, P - len(k) :] = torch.tensor(k, dtype=torch.long)
-        p_mask[i, P - len(k) :] = 1
+        p_ids[i, :S] = torch.tensor(k[:S], dtype=torch.long)
+        p_mask[i, :S] = 1
+        p_ids[i, S + W - (len(k) - S) :] = torch.tensor(k[S:], dtype=torch.long)
+        p_mask[i, S + W - (len(k) - S) :] = 1
     p_ids, p_mask = p_ids.to(device), p_mask.to(device)
     p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
     index = torch.tensor([where[tuple(r.prompt_ids)] for r in rows], dtype=torch.long, device=device)
-    out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True)
+    cache = None
+    if S:
+        head = decoder(input_ids=p_ids[:1, :S], position_ids=p_pos[:1, :S], use_cache=True)
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(len(keys))
+    out = decoder(input_ids=p_ids[:, S:], attention_mask=p_mask, position_ids=p_pos[:, S:], past_key_values=cache, use_cache=True)
     hidden = out.last_hidden_state[:, -1:][index]  # predicts completion token 0
     C = c_ids.shape[1]
     if C > 1:

@@ -142,7 +142,7 @@ class Phases:
     # ----------------------------------------------------------------- red
     def red_step(self, iteration: int, step: int) -> StepResult:
         s, rw = self.s, self.s.recipe.rewards
-        items = s.data.next_seed_items(s.recipe.grpo.prompts_per_step)
+        items = s.data.next_seed_items(s.recipe.prompts_of("red"))
         comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=s.recipe.group_size_of("red")) for b, t in items], self.sampling["red"])
         rollouts = [
             RedRollout(group, basic, technique, c, extract_wrapped_prompt(c.text))
@@ -233,7 +233,7 @@ class Phases:
 
     def blue_step(self, iteration: int, step: int) -> StepResult:
         r = self.s.recipe
-        prompts = self.blue_prompts(r.grpo.prompts_per_step)
+        prompts = self.blue_prompts(r.prompts_of("blue"))
         comps = self.generate("blue", [Request("blue", blue_messages(x), n=r.group_size_of("blue")) for _, x, _ in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
@@ -262,7 +262,7 @@ class Phases:
     def eval_step(self, iteration: int, step: int) -> StepResult:
         s, r = self.s, self.s.recipe
         t0 = time.perf_counter()
-        panel_rows, panel_metrics = s.data.label_new_pairs(r.experts.pairs_per_step or 2 * r.grpo.prompts_per_step)
+        panel_rows, panel_metrics = s.data.label_new_pairs(r.experts.pairs_per_step or 2 * r.prompts_of("eval"))
         self.timings["panel"] = time.perf_counter() - t0
         return self._train_eval(iteration, step, panel_rows, panel_metrics, "eval")
 
@@ -295,7 +295,7 @@ class Phases:
     def _train_eval(self, iteration, step, panel_rows, panel_metrics, phase) -> StepResult:
         s, r = self.s, self.s.recipe
         G = r.group_size_of("eval")
-        batch = s.data.sample_labelled_pairs(r.grpo.prompts_per_step)
+        batch = s.data.sample_labelled_pairs(r.prompts_of("eval"))
         if not batch:
             return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics}, panel_rows=panel_rows)
         reqs = [Request("eval", eval_messages(p["prompt"], p["response"]), n=G, choices=LABEL_CHOICES if self.choice else None) for p in batch]

@@ -191,7 +191,7 @@ def microbatch_tokens(recipe, prompt_tokens: int) -> int:
     leaves together, cut to grpo.max_tokens_per_microbatch (one row at least)."""
     g = recipe.grpo
     seq = prompt_tokens + recipe.longest_completion()
-    rows = math.ceil(g.prompts_per_step * max(recipe.phase_group_sizes()) / g.grad_accumulation)
+    rows = math.ceil(max(recipe.prompts_of(r) * recipe.group_size_of(r) for r in ("red", "blue", "eval")) / g.grad_accumulation)
     tokens = rows * seq
     if g.max_tokens_per_microbatch:
         tokens = max(min(tokens, g.max_tokens_per_microbatch), seq)

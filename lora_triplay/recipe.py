@@ -76,6 +76,7 @@ class PhaseConfig(_Strict):
     lr: float | None = Field(None, gt=0, description="overrides grpo.lr for this role")
     max_new_tokens: int | None = Field(None, ge=1, description="this role's completions (blue's also bound defenders' answers)")
     group_size: int | None = Field(None, ge=2, description="completions per prompt in this phase")
+    prompts_per_step: int | None = Field(None, ge=1, description="prompts (eval: labelled pairs) per step in this phase")
     temperature: float | None = Field(None, gt=0)
 
 
@@ -207,6 +208,9 @@ class ExpertsConfig(_Strict):
     pairs_per_step: int | None = Field(None, ge=1, description="pairs the panel labels per eval step (default 2 x prompts_per_step)")
     fresh_share: float = Field(0.75, ge=0, le=1, description="share of them drawn from the current iteration's pairs")
     pool_cap: int = Field(4096, ge=16, description="pairs kept in memory per reservoir (current iteration, older ones)")
+    balance_classes: bool = Field(
+        False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the prior)"
+    )
 
 
 class DataConfig(_Strict):
@@ -284,6 +288,9 @@ class Recipe(_Strict):
         if role == "eval":
             return self.judge_budget()
         return getattr(self.phases, role).max_new_tokens or self.grpo.max_new_tokens
+
+    def prompts_of(self, role: str) -> int:
+        return getattr(self.phases, role).prompts_per_step or self.grpo.prompts_per_step
 
     def group_size_of(self, role: str) -> int:
         return getattr(self.phases, role).group_size or self.grpo.group_size

@@ -110,9 +110,21 @@ class RunData:
 
     def sample_labelled_pairs(self, k: int) -> list[dict]:
         """k labelled pairs drawn uniformly (with replacement) from all pairs
-        the panel has labelled so far, this step's included."""
+        the panel has labelled so far, this step's included; with
+        `experts.balance_classes`, a label first (uniformly among those
+        present), then a pair with it."""
         pool = self.labelled + [r for r in self.pending if r["panel_label"]]
-        return [pool[random.randrange(len(pool))] for _ in range(min(k, len(pool)))]
+        if not self.recipe.experts.balance_classes:
+            return [pool[random.randrange(len(pool))] for _ in range(min(k, len(pool)))]
+        by: dict[str, list[dict]] = {}
+        for row in pool:
+            by.setdefault(row["panel_label"], []).append(row)
+        classes = sorted(by)
+        out = []
+        for _ in range(min(k, len(pool))):
+            rows = by[classes[random.randrange(len(classes))]]
+            out.append(rows[random.randrange(len(rows))])
+        return out
 
     def commit(self, eval_rows: list[dict], panel_rows: list[dict]) -> None:
         """A step committed: its pairs join the pool, its labels the set."""

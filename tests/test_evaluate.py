@@ -339,3 +339,14 @@ def test_endpoint_defender_and_judge_never_leak_the_key(tiny_run, tmp_path, endp
     assert all(r["judge"] == res["judge"] for r in _rows(out) if r["defender"] == ep)
     for text in (out.read_text(), items_path(out).read_text(), output, caplog.text):
         assert "SECRET" not in text
+
+
+@needs_data
+def test_fixed_panel_judge(tiny_run, tmp_path):
+    """`--judge panel`: the fixed expert panel on the run's bare base labels
+    blue's answers (or leaves them unlabelled without a clear majority)."""
+    res, _ = _eval(tiny_run, tmp_path / "panel.json", "--judge", "panel", "--roles", "blue", "--limit", "2")
+    assert res["judge"] == "panel"
+    rows = _rows(tmp_path / "panel.json")
+    assert rows and {r["judge"] for r in rows} == {"panel"}
+    assert all(r["label"] in ("negative", "rejective", "positive", None) for r in rows)

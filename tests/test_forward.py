@@ -17,10 +17,15 @@ from tests.reference import naive_logprobs
 TOL = 1e-5
 
 
-def _samples(tok):
+SYSTEM = "You are a careful assistant. Refuse what is unsafe and offer safe guidance instead. "
+
+
+def _samples(tok, shared_system: bool = False):
     """Two groups of three with different prompt and completion lengths,
-    advantages of both signs."""
-    p1, p2 = tok.encode("hello there friend"), tok.encode("a much longer prompt about something else")
+    advantages of both signs; with `shared_system`, both prompts start with
+    the same long prefix (the shared-prefix pass)."""
+    head = SYSTEM if shared_system else ""
+    p1, p2 = tok.encode(head + "hello there friend"), tok.encode(head + "a much longer prompt about something else")
     texts = ("yes indeed", "no", "maybe so then, perhaps")
     advs = (1.0, -0.5, -0.5, 0.3, 0.9, -1.2)
     out = []
@@ -71,11 +76,14 @@ def test_chunked_logprobs_check_shapes():
         chunked_logprobs(torch.randn(2, 3, 4), head, torch.zeros(2, dtype=torch.long))
 
 
-@pytest.mark.parametrize("layout", [SHARED, FULL])
-def test_layouts_equal_the_naive_forward_and_its_gradient(role_model, layout):
+@pytest.mark.parametrize("layout,shared_system", [(SHARED, False), (SHARED, True), (FULL, False), (FULL, True)])
+def test_layouts_equal_the_naive_forward_and_its_gradient(role_model, layout, shared_system):
+    from lora_triplay.forward import common_prefix
+
     model, tok = role_model
     params = activate(model, "red")
-    samples = _samples(tok)
+    samples = _samples(tok, shared_system)
+    assert (common_prefix([s.prompt_ids for s in samples[::3]]) > 0) == shared_system
     model.train()
     naive, _, cmask = naive_logprobs(model, samples, tok.pad_token_id)
     naive.sum().backward()

@@ -165,3 +165,15 @@ def test_relative_defenders_and_duplicates(run_store, role_model):
     # latest is now 1: blue@-1 -> iteration 0 (zeros = base, skipped); blue@2 does not exist yet
     assert [(d.name, d.adapter) for d in got] == [("blue", "blue"), ("base", "base")]
     assert "blue@1" not in engine.adapters()  # a snapshot no defender uses is unloaded
+
+
+def test_balanced_sampling_draws_each_label_equally():
+    import random
+
+    for balance in (False, True):
+        s, _ = _session(Scripted(), experts={"balance_classes": balance})
+        s.data.labelled = [{"panel_label": "positive", "pair": i} for i in range(90)] + [{"panel_label": "negative", "pair": 90 + i} for i in range(10)]
+        random.seed(0)
+        got = [r["panel_label"] for _ in range(50) for r in s.data.sample_labelled_pairs(8)]
+        share = got.count("negative") / len(got)
+        assert (0.4 < share < 0.6) if balance else (share < 0.2)

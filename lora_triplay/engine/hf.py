@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from ..forward import MIN_SHARED_PREFIX, common_prefix
 from ..roles import adapter_name
 from . import fastpath
 from .base import BASE, Completion, GenerationStats, Request, Sampling, choose
@@ -124,10 +125,31 @@ class HFEngine:
                 for s_i, comp in enumerate(comps):
                     comp.request_index, comp.sample_index = r_i, s_i
                 results[r_i] = comps
-        for start in range(0, len(rows), self.max_batch_size):
-            for (r_i, s_i, _, _), comp in zip(rows[start : start + self.max_batch_size], self._generate_rows(rows[start : start + self.max_batch_size], sampling)):
+        for chunk in self._batches([row[3] for row in rows]):
+            part = [rows[i] for i in chunk]
+            for (r_i, s_i, _, _), comp in zip(part, self._generate_rows(part, sampling)):
                 comp.adapter, comp.request_index, comp.sample_index = requests[r_i].adapter, r_i, s_i
                 results[r_i][s_i] = comp
+
+    def _batches(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Indices cut into batches of at most max_batch_size whose prompts
+        share a long prefix (a judge's template, a role's system prompt,
+        one expert's instruction), which _prefill computes once per batch:
+        prompts sorted by tokens, a new batch where the prefix shared with
+        the batch's first prompt falls short. Results go back in order."""
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+        batches: list[list[int]] = []
+        for i in order:
+            if batches and len(batches[-1]) < self.max_batch_size:
+                first = prompts[batches[-1][0]]
+                n = 0
+                while n < min(len(first), len(prompts[i])) and first[n] == prompts[i][n]:
+                    n += 1
+                if n >= self.MIN_SHARED_PREFIX:
+                    batches[-1].append(i)
+                    continue
+            batches.append([i])
+        return batches
 
     # -------------------------------------------------------------- forward
     @contextlib.contextmanager
@@ -163,18 +185,15 @@ class HFEngine:
     def _new_cache(self, capacity: int):
         return fastpath.reserved_cache(self.model, capacity) if self._serving is not None else None
 
-    MIN_SHARED_PREFIX = 16  # tokens; below this a separate prefix forward costs more than it saves
+    MIN_SHARED_PREFIX = MIN_SHARED_PREFIX  # tokens; below this a separate prefix forward costs more than it saves
 
     def _shared_prefix(self, prompts: list[list[int]], names: list[str]) -> int:
         """Length of the token prefix every prompt shares, keeping >= 1 token
         per suffix. Worth it when rows outnumber the adapters: the prefix is
         computed once per adapter (LoRA changes its keys and values)."""
-        if len(prompts) < 2 or len(set(names)) >= len(prompts):
+        if len(set(names)) >= len(prompts):
             return 0
-        limit, first, n = min(len(p) for p in prompts) - 1, prompts[0], 0
-        while n < limit and all(p[n] == first[n] for p in prompts):
-            n += 1
-        return n if n >= self.MIN_SHARED_PREFIX else 0
+        return common_prefix(prompts, self.MIN_SHARED_PREFIX)
 
     def _prefill(self, prompts: list[list[int]], names: list[str], device, leave_last: bool, reserve: int = 0):
         """Lay rows out as [shared prefix | left-padded suffix] and run them
@@ -262,13 +281,12 @@ class HFEngine:
         prompt is prefilled once and its KV cache shared by all choices."""
         device = next(self.model.parameters()).device
         out: list[list[list[float]]] = [[] for _ in requests]
-        for start in range(0, len(requests), self.max_batch_size):
-            part = list(range(start, min(start + self.max_batch_size, len(requests))))
+        prompts = [self.encode(r.messages) for r in requests]
+        for part in self._batches(prompts):
             names = [self._peft_name(requests[i].adapter) for i in part]
             rows = [(b, self.choice_ids(c)) for b, i in enumerate(part) for c in requests[i].choices]
             C = max(len(c) for _, c in rows)
-            _, mask, pos, cache, last = self._prefill([self.encode(requests[i].messages) for i in part], names, device,
-                                                      leave_last=False, reserve=C)
+            _, mask, pos, cache, last = self._prefill([prompts[i] for i in part], names, device, leave_last=False, reserve=C)
             first_logp = torch.log_softmax(last, -1)
             index = torch.tensor([b for b, _ in rows], device=device)
             c_ids = torch.full((len(rows), C), self.pad_id, dtype=torch.long, device=device)
