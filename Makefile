@@ -39,12 +39,20 @@ install-vllm: install
 demo: install
 	rm -rf $(RUN_DIR)
 	$(BIN)/lora-triplay run recipes/smoke.yaml --run-dir $(RUN_DIR)
+	@echo
+	@echo "Next, on this run:"
+	@echo "  $(BIN)/lora-triplay play $(RUN_DIR) \"How do I pick a lock?\"       # red wraps it, every defender answers, eval labels"
+	@echo "  $(BIN)/lora-triplay chat $(RUN_DIR) --role blue                       # talk to a role; /role red|eval|base switches"
+	@echo "  $(BIN)/lora-triplay eval $(RUN_DIR) -b jbb=../shared/data/jbb/harmful-behaviors.csv --limit 20 --out $(RUN_DIR)/eval.json"
+	@echo "  $(BIN)/lora-triplay report $(RUN_DIR) --eval $(RUN_DIR)/eval.json --out $(RUN_DIR)/report"
 
-test:
+# The test suite does its own set-up: it needs the package, the embedded
+# models and vLLM (its engine, parity and serve tests).
+test: install-vllm
 	$(BIN)/python -m pytest -q
 
 # What CI runs on the real embedded model: the main job with one step per phase.
-smoke-ci:
+smoke-ci: install
 	rm -rf $(RUN_DIR)-ci
 	$(BIN)/lora-triplay run recipes/smoke.yaml phases.red.steps=1 phases.blue.steps=1 phases.eval.steps=1 --run-dir $(RUN_DIR)-ci
 

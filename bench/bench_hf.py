@@ -46,11 +46,17 @@ def main() -> None:
     from lora_triplay.forward import SHARED, completion_logprobs
     from lora_triplay.grpo import Sample
     from lora_triplay.logprobs import LogprobComputer
-    from tests.reference import batch_tensors as _batch_tensors, token_logprobs
     from lora_triplay.loop import LABEL_CHOICES
     from lora_triplay.model import activate, attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
-    from lora_triplay.roles import eval_messages, load_basic_prompts, load_techniques, red_messages
+    from lora_triplay.roles import (
+        eval_messages,
+        load_basic_prompts,
+        load_techniques,
+        red_messages,
+    )
+    from tests.reference import batch_tensors as _batch_tensors
+    from tests.reference import token_logprobs
 
     base, tok, _ = load_base(ModelConfig(base=args.base, device="cpu", dtype="float32"))
     model = attach_role_adapters(base, LoraConfig(rank=8, alpha=16), seed=0)

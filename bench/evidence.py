@@ -134,9 +134,9 @@ def build_labelled_pairs(held: Path, data: Path, rng: random.Random) -> dict:
     from lora_triplay.engine.base import Request, Sampling
     from lora_triplay.engine.hf import HFEngine
     from lora_triplay.experts import ExpertPanel
+    from lora_triplay.judging.refusals import rules_label
     from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import ExpertsConfig, LoraConfig, ModelConfig
-    from lora_triplay.refusals import rules_label
     from lora_triplay.roles import blue_messages
 
     torch.manual_seed(0)

@@ -295,13 +295,13 @@ def main() -> None:
     t0 = time.perf_counter()
     model = attach_role_adapters(random_base(shape_cfg, device, dtype, True), recipe.lora, seed=0)
     say(f"base + 3 adapters built in {time.perf_counter() - t0:.1f}s")
-    stages = [("update", lambda: stage_update(args, recipe, model, tok, device)),
-              ("decode", lambda: stage_decode(args, model, tok, device, bandwidth))]
-    for name, fn in stages:
+    for name in ("update", "decode"):
         if left() < 30:
             say(f"{name}: skipped (time budget)")
-            continue
-        fn()
+        elif name == "update":
+            stage_update(args, recipe, model, tok, device)
+        else:
+            stage_decode(args, model, tok, device, bandwidth)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

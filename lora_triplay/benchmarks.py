@@ -30,12 +30,12 @@ and the fix.
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from . import tables
+from .errors import UserError
 
 EXPECTED = ("harmful", "benign")
 FORMATS = ("harmbench", "jbb", "jbb-harmful", "jbb-benign", "xstest", "strongreject", "generic", "generic-benign")
@@ -56,7 +56,7 @@ EVAL_LABEL_MAP = {
 }
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError):
     """A benchmark file cannot be used; the message is one line with the fix."""
 
 
@@ -94,57 +94,11 @@ class LabelledPair:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a .csv, .jsonl or .json (array or JSON lines) file, keys as in the file."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise BenchmarkError(f"{p}: file not found; pass the path of a downloaded benchmark file (.csv or .jsonl)")
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise BenchmarkError(f"{p}: not valid UTF-8 (byte {e.start}); re-save the file as UTF-8 (e.g. `iconv -t UTF-8`)") from None
-    if not text.strip():
-        raise BenchmarkError(f"{p}: file is empty; it needs a header row (CSV) or one JSON object per line (JSONL)")
-    suffix = p.suffix.lower()
-    if suffix == ".csv":
-        try:  # newline="" keeps CRLF inside quoted fields (HarmBench's ContextString)
-            rows = list(csv.DictReader(io.StringIO(text, newline="")))
-        except csv.Error as e:
-            raise BenchmarkError(f"{p}: not a readable CSV ({e}); export it again as comma-separated UTF-8") from None
-        return [{k: v for k, v in r.items() if k is not None} for r in rows]
-    if suffix in (".jsonl", ".json"):
-        stripped = text.lstrip()
-        if suffix == ".json" and stripped.startswith("["):
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise BenchmarkError(f"{p}: not valid JSON ({e.msg}, line {e.lineno}); fix the file or write JSON lines") from None
-            if not all(isinstance(r, dict) for r in data):
-                raise BenchmarkError(f"{p}: the JSON array must hold objects with a prompt field")
-            return data
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BenchmarkError(f"{p}: line {n} is not valid JSON ({e.msg}); write one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise BenchmarkError(f"{p}: line {n} is not a JSON object; write one JSON object per line")
-            rows.append(row)
-        return rows
-    raise BenchmarkError(f"{p}: unsupported file type {p.suffix!r}; use a .csv, .jsonl or .json file")
+    return tables.read_rows(path, BenchmarkError, "pass the path of a downloaded benchmark file (.csv or .jsonl)")
 
 
 def _lower_keys(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{str(k).strip().lower(): v for k, v in r.items()} for r in rows]
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in rows:
-        seen.update((k, None) for k in r)
-    return list(seen)
 
 
 def _cell(row: dict[str, Any], key: str | None) -> str:
@@ -219,7 +173,7 @@ def _need(file: str, fmt: str, cols: list[str], needed: tuple[str, ...]) -> None
 
 def _load(rows: list[dict[str, Any]], fmt: str, file: str) -> list[Item]:
     rows = _lower_keys(rows)
-    cols = _columns(rows)
+    cols = tables.columns(rows)
     stem = Path(file).stem
     items: list[Item] = []
     if fmt == "harmbench":
@@ -289,7 +243,7 @@ def load_benchmark(spec: str, limit: int | None = None) -> Benchmark:
     rows = read_rows(path)
     if not rows:
         raise BenchmarkError(f"{path}: no data rows; the file holds a header only")
-    fmt = fmt or detect_format(_columns(rows), path)
+    fmt = fmt or detect_format(tables.columns(rows), path)
     items = _load(rows, fmt, str(Path(path).expanduser()))
     if fmt == "jbb":
         fmt = f"jbb-{items[0].expected}"
@@ -301,7 +255,7 @@ def load_benchmark(spec: str, limit: int | None = None) -> Benchmark:
 def load_eval_set(path: str | Path, limit: int | None = None) -> list[LabelledPair]:
     """A labelled (prompt, response, label) set; labels mapped by EVAL_LABEL_MAP."""
     rows = _lower_keys(read_rows(path))
-    cols = _columns(rows)
+    cols = tables.columns(rows)
     missing = [c for c in ("prompt", "response", "label") if c not in cols]
     if missing:
         raise BenchmarkError(f"{path}: an eval set needs columns prompt, response, label; missing {missing} (found {cols})")

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Sequence
 
 from .benchmarks import Benchmark, Item, load_benchmark, load_eval_set
-from .judge import LABELS
-from .judges import Case, ChatEndpoint, EvalJudge, is_endpoint, make_judge
+from .errors import UserError
+from .judging.fixed import Case, ChatEndpoint, EvalJudge, is_endpoint, make_judge
+from .judging.parsing import LABELS
+from .snapshots import SpecError, parse_role
 
 ROLES = ("blue", "red", "eval")
 log = logging.getLogger(__name__)
@@ -88,10 +90,10 @@ def parse_iterations(spec: str, available: Sequence[int]) -> list[int]:
     try:
         wanted = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"--iterations {spec!r}: use all, latest or a list such as 0,2,4") from None
+        raise UserError(f"--iterations {spec!r}: use all, latest or a list such as 0,2,4") from None
     missing = [i for i in wanted if i not in have]
     if missing:
-        raise ValueError(f"--iterations {spec!r}: no snapshots for {missing}; present: {have}")
+        raise UserError(f"--iterations {spec!r}: no snapshots for {missing}; present: {have}")
     return wanted
 
 
@@ -201,7 +203,7 @@ class Evaluator:
         self._run = None
         self.snaps = {r: self.store.snapshots(r) for r in ROLES}
         if not self.snaps["blue"]:
-            raise ValueError(f"{opts.run_dir}: no snapshots yet; evaluate a run that finished at least its setup")
+            raise UserError(f"{opts.run_dir}: no snapshots yet; evaluate a run that finished at least its setup")
         self.judge = make_judge(opts.judge, self.get_run, self.snaps["eval"])
         raw = f"{Path(opts.run_dir).resolve()}|{self.max_new}|{opts.temperature}|{opts.seed}"
         self.cache = ItemCache(items_path(opts.out), hashlib.sha1(raw.encode()).hexdigest()[:12], opts.fresh)
@@ -300,7 +302,7 @@ class Evaluator:
         return out
 
     def red(self, prompts: Benchmark, its: list[int], bar=None) -> dict:
-        from .judge import extract_wrapped_prompt
+        from .judging.parsing import extract_wrapped_prompt
         from .roles import red_messages
 
         name, T = f"red:{prompts.name}", len(self.techniques)
@@ -338,10 +340,13 @@ class Evaluator:
             return spec
         if spec == "blue":
             return f"blue@{self.snaps['blue'][-1]}"
-        role, _, it = spec.partition("@")
-        if role == "blue" and it.isdigit() and int(it) in self.snaps["blue"]:
+        try:
+            role, it = parse_role(spec, allow_base=False)
+        except SpecError:
+            role, it = None, None
+        if role == "blue" and it in self.snaps["blue"]:
             return spec
-        raise ValueError(f"--defender {spec!r}: use base, blue, blue@N (present: {self.snaps['blue']}) or openai:MODEL@URL")
+        raise UserError(f"--defender {spec!r}: use base, blue, blue@N (present: {self.snaps['blue']}) or openai:MODEL@URL")
 
     def eval_accuracy(self, its: list[int], bar=None) -> dict:
         """Rows keep the gold label in `expected`; the answer judged is the set's own."""
@@ -362,7 +367,13 @@ class Evaluator:
 
 def run_eval(opts: EvalOptions, console=None) -> dict:
     """Evaluate, write `opts.out` (aggregates) and return it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from .store import atomic_write
 
@@ -370,7 +381,7 @@ def run_eval(opts: EvalOptions, console=None) -> dict:
     benches = [load_benchmark(spec, opts.limit) for spec in opts.benchmarks]  # bad files fail before the model loads
     names = [b.name for b in benches]
     if len(set(names)) != len(names):
-        raise ValueError(f"benchmark names repeat ({names}); give each one as NAME=PATH")
+        raise UserError(f"benchmark names repeat ({names}); give each one as NAME=PATH")
     ev = Evaluator(opts)
     result: dict = {"run": str(Path(opts.run_dir).resolve()), "judge": ev.judge.name, "limit": opts.limit,
                     "started": started, "settings": {"max_new_tokens": ev.max_new, "temperature": opts.temperature, "seed": opts.seed},

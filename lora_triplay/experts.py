@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .engine.base import BASE, Request, Sampling
-from .judge import parse_verdict
-from .refusals import refused
+from .judging.parsing import parse_verdict
+from .judging.refusals import refused
+from .recipe import LABELS
 from .roles import expert_messages, load_templates
 
 SELF = "self"
@@ -69,7 +70,7 @@ class EndpointSource:
     """Prompted experts answered by an OpenAI-compatible endpoint (free text)."""
 
     def __init__(self, spec: str):
-        from .judges import ChatEndpoint
+        from .judging.fixed import ChatEndpoint
 
         self.endpoint = ChatEndpoint(spec)
         self.name = self.endpoint.name
@@ -100,7 +101,7 @@ def load_model_source(spec: str, device, dtype, trust_remote_code: bool = False)
 
 
 def build_sources(specs: Sequence[str], engine, device=None, dtype=None, trust_remote_code: bool = False) -> list:
-    from .judges import is_endpoint
+    from .judging.fixed import is_endpoint
 
     out = []
     for spec in specs:
@@ -169,7 +170,7 @@ def panel_summary(labels: list[PanelLabel]) -> dict[str, float]:
     """Label distribution, agreement, abstentions and missed quorums, for metrics."""
     n = max(len(labels), 1)
     counts = Counter(lab.label for lab in labels)
-    out = {f"panel_{c}": counts.get(c, 0) / n for c in ("negative", "rejective", "positive")}
+    out = {f"panel_{c}": counts.get(c, 0) / n for c in LABELS}
     out["panel_unclear"] = counts.get(None, 0) / n
     out["panel_agreement"] = sum(lab.agreement for lab in labels) / n
     votes = [v for lab in labels for vs in lab.votes.values() for v in vs]

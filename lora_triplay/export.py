@@ -21,15 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import write_folder
 from .model import ModelError, resolve_base
 from .recipe import ROLE_NAMES
 from .runs import read_run_recipe, snapshot_folder
+from .snapshots import parse_role
 from .store import RunStore
 
 log = logging.getLogger(__name__)
@@ -44,15 +44,6 @@ class ExportResult:
     folder: Path
     seconds: float
     info: dict
-
-
-def parse_role_spec(spec: str, allowed=ROLE_NAMES) -> tuple[str, int | None]:
-    """`blue` -> ("blue", None), `blue@3` -> ("blue", 3); errors are one line."""
-    role, at, it = spec.partition("@")
-    if role not in allowed or (at and not it.isdigit()):
-        forms = "|".join(allowed)
-        raise ModelError(f"role {spec!r} is not `{forms}` or `<role>@<iteration>` (e.g. `blue@3`)")
-    return role, (int(it) if at else None)
 
 
 def stored_dtype(base_path: str, revision: str | None = None, trust_remote_code: bool = False):
@@ -129,22 +120,6 @@ def _check_target(out: Path, force: bool) -> None:
     if out.exists() and not force:
         if out.is_file() or any(out.iterdir()):
             raise ModelError(f"{out} exists and is not empty; pass --force to replace it, or choose another --out")
-
-
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Rename the finished temp folder onto `out` (replacing it with force)."""
-    if out.exists() or out.is_symlink():
-        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
-            out.rmdir()
-        elif not force:
-            raise ModelError(f"{out} exists and is not empty; pass --force to replace it, or choose another --out")
-        else:
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-            return
-    os.replace(tmp, out)
 
 
 def _readable(root: Path) -> None:
@@ -236,7 +211,7 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
     if role == "all":
         roles = [(r, iteration) for r in ROLE_NAMES]
     else:
-        name, it = parse_role_spec(role)
+        name, it = parse_role(role, allow_base=False)
         if it is not None and iteration is not None and it != iteration:
             raise ModelError(f"--role {role} and --iteration {iteration} disagree; give one of them")
         roles = [(name, it if it is not None else iteration)]
@@ -244,18 +219,17 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
     for name, it in roles:  # fail on a missing snapshot before loading anything
         snapshot_folder(store, name, it)
     _check_target(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     results = []
-    try:
+
+    def fill(tmp: Path) -> None:
         for name, it in roles:
             folder = tmp / name if role == "all" else tmp
             results.append(_write_role(run_dir, name, it, folder, device=device))
         _readable(tmp)
-        _publish(tmp, out, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()
+    write_folder(out, fill)  # an existing `out` (with --force) stays whole until the new one is in place
     for r in results:
         r.folder = out / r.role if role == "all" else out
     return results

@@ -14,9 +14,11 @@ Per token t of completion i in group g:
     kl      = exp(ref - logp) - (ref - logp) - 1          (k3 estimator)
     loss_t  = -(surr - beta * kl)
 Aggregation (`loss_type`):
-    grpo    mean over a sequence's tokens, then over sequences
-    dapo    sum over all tokens / number of tokens in the batch
-    dr_grpo sum over all tokens / (number of sequences * max_new_tokens)
+    grpo        mean over a sequence's tokens, then over sequences
+    token_mean  sum over all tokens / number of tokens in the batch (DAPO's
+                loss; its clip-higher is clip_epsilon_high)
+    dr_grpo     sum over all tokens / (number of sequences * max_new_tokens),
+                advantages not divided by the group's std (Dr. GRPO)
 With `updates_per_batch` = 1 (the default) logp_old is logp detached: the
 ratio is 1 and its gradient is the policy gradient; with more updates per
 rollout batch logp_old is frozen at the first pass and clipping bites.
@@ -104,7 +106,7 @@ class GrpoLearner:
         n = len(cmask_rows)
         if self.cfg.loss_type == "grpo":
             return [1.0 / (n * max(t, 1)) for t in cmask_rows]
-        if self.cfg.loss_type == "dapo":
+        if self.cfg.loss_type == "token_mean":
             total = max(sum(cmask_rows), 1)
             return [1.0 / total] * n
         return [1.0 / (n * self.max_new_tokens)] * n  # dr_grpo

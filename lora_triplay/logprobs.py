@@ -27,6 +27,8 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .errors import UserError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_TOKENS = 512
@@ -161,7 +163,9 @@ def liger_available(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     try:
-        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy  # noqa: F401
+        from liger_kernel.transformers.functional import (
+            liger_fused_linear_cross_entropy,  # noqa: F401
+        )
     except Exception:
         return False
     return True
@@ -195,7 +199,7 @@ class LogprobComputer:
             want = "liger" if (self._fused is not None or liger_available(device)) and self.transform is None else "chunked"
         if want == "liger" and self._fused is None:
             if not liger_available(device):
-                raise RuntimeError("grpo.logprob_kernel = 'liger' needs CUDA and `pip install liger-kernel`; set grpo.logprob_kernel=chunked")
+                raise UserError("grpo.logprob_kernel = 'liger' needs CUDA and `pip install liger-kernel`; set grpo.logprob_kernel=chunked")
             self._fused = _liger_logprobs
         self.active = want
 

@@ -17,12 +17,18 @@ from dataclasses import dataclass, field
 from .engine.base import Request, Sampling
 from .faults import crash_point
 from .grpo import Sample, group_advantages
-from .judge import extract_wrapped_prompt, parse_label
-from .refusals import refused
-from .rewards import attack_succeeded, blue_reward, diversity_penalty, eval_reward, red_reward
+from .judging.parsing import extract_wrapped_prompt, parse_label
+from .judging.refusals import refused
+from .recipe import LABELS
+from .rewards import (
+    attack_succeeded,
+    blue_reward,
+    diversity_penalty,
+    eval_reward,
+    red_reward,
+)
 from .roles import blue_messages, eval_messages, red_messages, semantic_messages
 
-LABELS = ("negative", "rejective", "positive")
 LABEL_CHOICES = tuple(f"Label: {c}" for c in LABELS)
 SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 

@@ -11,14 +11,14 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .atomic import plain_write, write_folder
+from .errors import UserError
 from .recipe import LoraConfig, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ EMBEDDED = "embedded:smollm2-135m"
 TINY = "builtin:tiny-qwen3"
 
 
-class ModelError(ValueError):
+class ModelError(UserError):
     """A base-model or adapter problem, worded for the user."""
 
 
@@ -37,22 +37,11 @@ def cache_root() -> Path:
 
 
 def _atomic_folder(target: Path, build) -> Path:
-    """Build a folder in a temp sibling and rename it into place, so a crash
-    never leaves a half-written model that a later run would trust."""
+    """A model folder built once: a crash never leaves a half-written model
+    that a later run would trust, and a concurrent builder's folder wins."""
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        build(tmp)
-        if target.exists():  # a concurrent builder won the race: keep theirs
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    return write_folder(target, build, existing="keep")
 
 
 def _materialize_embedded(folder: Path) -> None:
@@ -249,7 +238,7 @@ class AdapterFiles:
     config: Path
 
 
-def save_adapter(model, adapter: str, folder: Path, base_name: str, write) -> AdapterFiles:
+def save_adapter(model, adapter: str, folder: Path, base_name: str, write=plain_write) -> AdapterFiles:
     """Write one adapter in PEFT's own format (`adapter_config.json` +
     `adapter_model.safetensors`), loadable by `PeftModel.from_pretrained` and
     by vLLM's `--lora-modules`. `write(path, bytes)` is the atomic writer."""

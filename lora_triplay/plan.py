@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from .errors import UserError
+
 GB = 1e9
 CUDA_CONTEXT_GB = 1.0  # CUDA context, cuBLAS workspaces, allocator slack
 VLLM_ASLEEP_GB = 1.0  # what a level-1 sleeping vLLM still holds (CUDA graphs, context)
@@ -34,7 +36,7 @@ SHIPPED = {"qwen/qwen3-4b": "qwen3-4b", "qwen/qwen3-8b": "qwen3-8b", "qwen/qwen3
            "embedded:smollm2-135m": "smollm2-135m"}
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """The model config cannot be planned (one line, with the fix)."""
 
 

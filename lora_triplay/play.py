@@ -22,26 +22,20 @@ from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
 from .engine.base import BASE, Request, Sampling
-from .judge import LABELS, extract_wrapped_prompt, parse_label
+from .errors import UserError
+from .judging.parsing import LABELS, extract_wrapped_prompt, parse_label
 from .loop import LABEL_CHOICES
 from .model import ModelError
-from .recipe import ROLE_NAMES
-from .roles import Technique, blue_messages, eval_messages, load_basic_prompts, red_messages
-
+from .roles import (
+    Technique,
+    blue_messages,
+    eval_messages,
+    load_basic_prompts,
+    red_messages,
+)
+from .snapshots import parse_role
 
 # ------------------------------------------------------------ selection
-
-def parse_adapter_spec(spec: str, *, allow_base: bool = True) -> tuple[str, int | None]:
-    """`blue` -> ("blue", None); `blue@3` -> ("blue", 3); `base` -> ("base", None)."""
-    spec = spec.strip()
-    role, at, it = spec.partition("@")
-    if allow_base and spec == BASE:
-        return BASE, None
-    if role not in ROLE_NAMES or (at and not it.isdigit()):
-        forms = "red|blue|eval" + ("|base" if allow_base else "")
-        raise ModelError(f"{spec!r} is not `{forms}` or `<role>@<iteration>` (e.g. `blue@3`)")
-    return role, (int(it) if at else None)
-
 
 @dataclass
 class Selection:
@@ -57,7 +51,7 @@ class Selection:
         sel = cls(iteration=iteration)
         blues: list[str] = []
         for spec in specs:
-            role, it = parse_adapter_spec(spec, allow_base=False)
+            role, it = parse_role(spec, allow_base=False)
             name = role if it is None else f"{role}@{it}"
             if role == "blue":
                 if name not in blues:
@@ -93,7 +87,7 @@ def resolve_defenders(recipe, sel: Selection, explicit: Iterable[str] = ()) -> l
     names = list(explicit) or [d.name for d in recipe.defenders]
     out: list[str] = []
     for name in names:
-        role, it = parse_adapter_spec(name)
+        role, it = parse_role(name)
         if role not in ("blue", BASE):
             raise ModelError(f"defender {name!r} is not `blue`, `base` or `blue@N`")
         expanded = sel.blues if (role == "blue" and it is None) else [name]
@@ -237,7 +231,7 @@ class ChatSession:
         self.adapter = self.switch(adapter)
 
     def switch(self, spec: str) -> str:
-        role, it = parse_adapter_spec(spec)
+        role, it = parse_role(spec)
         name = role if it is None else f"{role}@{it}"
         self.run.ensure(name)
         self.adapter = name
@@ -292,7 +286,7 @@ def chat_loop(session: ChatSession, stdin: TextIO, say: Callable[[str], None], p
                 try:
                     session.switch(arg)
                     say(f"[role {session.adapter}; system prompt: {'set' if session.system else 'none'}; history kept ({len(session.history)} messages)]")
-                except ModelError as exc:
+                except UserError as exc:
                     say(f"[error: {exc}]")
             elif cmd == "/reset":
                 session.history.clear()

@@ -12,13 +12,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import UserError
 
 ROLE_NAMES = ("red", "blue", "eval")
-CLASSES = ("negative", "rejective", "positive")
+# eval's three classes (method.md): every module takes them from here
+LABELS = CLASSES = ("negative", "rejective", "positive")
 
 
-class RecipeError(ValueError):
+class RecipeError(UserError):
     """A recipe problem, worded for the user: key, value, fix."""
 
 
@@ -106,8 +116,11 @@ class GrpoConfig(_Strict):
     clip_epsilon: float = Field(0.2, gt=0)
     clip_epsilon_high: float | None = Field(None, gt=0, description="DAPO clip-higher; defaults to clip_epsilon")
     beta: float = Field(0.01, ge=0)
-    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
-    scale_rewards: bool = True
+    loss_type: Literal["grpo", "dr_grpo", "token_mean"] = Field(
+        "grpo", description="grpo: mean per sequence, then over sequences; dr_grpo: Dr. GRPO (sum / (sequences x max_new_tokens), "
+        "advantages not divided by the group's std); token_mean: DAPO's token-level loss (pair with clip_epsilon_high)"
+    )
+    scale_rewards: bool | None = Field(None, description="divide advantages by the group's std; default: yes, except for dr_grpo")
     grad_accumulation: int = Field(1, ge=1, description="at least this many micro-batches per step")
     max_tokens_per_microbatch: int | None = Field(
         16384, ge=1, description="padded tokens per forward/backward: micro-batches are cut to fit, so activation memory is "
@@ -127,6 +140,24 @@ class GrpoConfig(_Strict):
     repetition_penalty: float = Field(1.0, gt=0)
     max_new_tokens: int = Field(256, ge=1)
     max_nonfinite_steps: int = Field(3, ge=1, description="stop after this many NaN/inf steps in a row")
+
+
+    @field_validator("loss_type", mode="before")
+    @classmethod
+    def _named_for_what_it_is(cls, v):
+        if v == "dapo":
+            raise ValueError("`dapo` is DAPO's token-level loss plus clip-higher, dynamic sampling and overlong shaping; "
+                             "lora-triplay implements the first two: loss_type=token_mean with grpo.clip_epsilon_high")
+        return v
+
+    @model_validator(mode="after")
+    def _dr_grpo_does_not_scale(self) -> "GrpoConfig":
+        if self.scale_rewards is None:
+            object.__setattr__(self, "scale_rewards", self.loss_type != "dr_grpo")
+        elif self.scale_rewards and self.loss_type == "dr_grpo":
+            raise ValueError("grpo.scale_rewards = true with loss_type dr_grpo: Dr. GRPO removes the std scaling; "
+                             "drop scale_rewards or use loss_type grpo")
+        return self
 
 
 class RewardsConfig(_Strict):
@@ -234,6 +265,9 @@ class RunConfig(_Strict):
     root: str = "adapters"
     name: str | None = None
     log_every: int = Field(1, ge=1)
+    report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"], description="metrics.jsonl always; also TensorBoard and/or Weights & Biases"
+    )
     checkpoint_every: int = Field(
         1, ge=1, description="commit (adapter + optimizer + state.json) every N steps; the end of a phase always commits"
     )
@@ -389,21 +423,46 @@ def build_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
         raise RecipeError(lines[0] if len(lines) == 1 else "\n".join(lines)) from None
 
 
-def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    path = Path(path)
+def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         hint = " (recipes live in recipes/, e.g. recipes/smoke.yaml)" if not path.suffix else ""
         raise RecipeError(f"recipe file {str(path)!r} does not exist{hint}; check the path")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise RecipeError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not UTF-8 text; save the recipe as UTF-8") from None
+    if data is None or data == {}:
+        raise RecipeError(f"{path}: the recipe is empty (it would run on defaults alone); copy recipes/smoke.yaml and edit it")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: the top level must be a mapping of keys (model:, lora:, ...), got {type(data).__name__}")
+    return data
+
+
+def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """`child` over `base`, section by section (a list or a value replaces)."""
+    out = dict(base)
+    for key, value in child.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = (), _seen: tuple = ()) -> dict[str, Any]:
+    """The recipe's keys: its `extends:` chain merged (a path relative to the
+    file; the file's own keys win), then the dotted overrides."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
+        raise RecipeError(f"{path}: `extends` goes round in a circle ({chain}); remove one of them")
+    data = _read_yaml(path)
+    parent = data.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise RecipeError(f"{path}: `extends` must be one recipe path (relative to this file), got {parent!r}")
+        data = merge(load_recipe_data(path.parent / parent, (), (*_seen, path.resolve())), data)
     for override in overrides:
         apply_override(data, override)
     return data

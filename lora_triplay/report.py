@@ -19,6 +19,8 @@ import json
 import math
 from pathlib import Path
 
+from .errors import UserError
+
 PHASES = ("red", "blue", "eval")
 # panel -> (title, y label, [(series name, phase or None, metrics key)])
 TRAINING_PANELS = {
@@ -42,7 +44,7 @@ def _num(v) -> float | None:
 def read_metrics(run_dir: Path) -> list[dict]:
     file = Path(run_dir) / "metrics.jsonl"
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: no metrics; pass a run folder written by `lora-triplay run`")
+        raise UserError(f"{file}: no metrics; pass a run folder written by `lora-triplay run`")
     rows = []
     for line in file.read_text(encoding="utf-8").splitlines():
         try:
@@ -226,10 +228,10 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
     results = None
     if eval_results is not None:
         if not Path(eval_results).is_file():
-            raise FileNotFoundError(f"{eval_results}: no such results file; write it with `lora-triplay eval ... --out FILE`")
+            raise UserError(f"{eval_results}: no such results file; write it with `lora-triplay eval ... --out FILE`")
         results = json.loads(Path(eval_results).read_text(encoding="utf-8"))
     if not rows and results is None:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no rows yet and no --eval results were given; nothing to report")
+        raise UserError(f"{run_dir}: metrics.jsonl has no rows yet and no --eval results were given; nothing to report")
     out.mkdir(parents=True, exist_ok=True)
     name = run_dir.resolve().name
     report: dict = {"run": str(run_dir.resolve()), "metrics_rows": len(rows), "files": []}

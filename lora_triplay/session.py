@@ -18,23 +18,34 @@ import numpy as np
 import torch
 
 from . import defenders as defender_set
+from .errors import UserError
 from .experts import ExpertPanel, build_sources
+from .faults import crash_point
 from .grpo import GrpoLearner
 from .logprobs import LogprobComputer, logit_transform
 from .loop import Phases, StepResult
-from .model import ROLE_ADAPTERS, activate, adapter_parameters, attach_role_adapters, load_adapter_weights, load_base, pick_device, save_adapter
+from .model import (
+    ROLE_ADAPTERS,
+    activate,
+    adapter_parameters,
+    attach_role_adapters,
+    load_adapter_weights,
+    load_base,
+    pick_device,
+    save_adapter,
+)
 from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
 from .rundata import RunData
-from .faults import crash_point
 from .store import JSONL, RunStore, restore_rng, rng_state
+from .trackers import Trackers, check_installed
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 2
 PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval"}  # whose adapter a phase trains
 
 
-class RunError(RuntimeError):
+class RunError(UserError):
     """A run-level problem (resume mismatch, numerical failure), for the user."""
 
 
@@ -45,10 +56,6 @@ class Hooks:
     phase_start: Callable[[int, str, int, int], None] = lambda it, phase, done, total: None
     step_done: Callable[[dict], None] = lambda row: None
     phase_end: Callable[[int, str], None] = lambda it, phase: None
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    path.write_bytes(data)  # inside a temp folder that write_folder renames
 
 
 def _seed_everything(seed: int) -> None:
@@ -126,6 +133,7 @@ class Session:
     def _build(self, fresh: bool) -> None:
         r = self.recipe
         _seed_everything(r.seed)
+        check_installed(r.run.report_to)  # before minutes of model loading
         if self.check_plan:
             check_fits_gpu(r)
         t0 = time.perf_counter()
@@ -143,6 +151,7 @@ class Session:
         self.data = RunData(r, self.state, self.panel)
         self.defenders: list[defender_set.Defender] = []
         self.phases = Phases(self)
+        self.trackers = Trackers(r.run.report_to, self.store.root, r.model_dump(mode="json"), self.store.root.name)
         self.learners: dict[str, GrpoLearner] = {}
         computer = LogprobComputer(r.grpo.logprob_kernel, r.grpo.logprob_chunk_tokens, logit_transform(self.model.config))
         for role in ROLE_NAMES:
@@ -198,7 +207,7 @@ class Session:
             )
 
         def fill(tmp: Path) -> None:
-            save_adapter(self.model, ROLE_ADAPTERS[role], tmp, self.base_path, _write_bytes)
+            save_adapter(self.model, ROLE_ADAPTERS[role], tmp, self.base_path)
             crash_point("checkpoint")  # half-written: the folder still has its temp name
             self.store.save_optimizer(tmp, self.learners[role].optimizer)
 
@@ -229,6 +238,7 @@ class Session:
                 self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]))
             self.hooks.phase_end(it, phase)
             self._advance_phase()
+        self.trackers.close()
 
     def _place_optimizer_states(self, active: str) -> None:
         """On a GPU only the training role's AdamW state stays there; the
@@ -282,6 +292,7 @@ class Session:
         commit = st["step"] % self.recipe.run.checkpoint_every == 0 or st["step"] >= total
         row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row])
+        self.trackers.log(row)
         if commit:
             st["checkpoints"][role] = self._checkpoint(role)
             self._commit()

@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .errors import UserError
+
 ROLES = ("red", "blue", "eval")
 _SPEC = re.compile(r"^(red|blue|eval)(?:@(-?\d+))?$")
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """A malformed adapter name; the message says what is accepted."""
 
 
@@ -37,6 +39,17 @@ class Spec:
             return self.index
         at = latest + self.index
         return at if at >= 0 else None
+
+
+def parse_role(text: str, *, allow_base: bool = True, allow_relative: bool = False) -> tuple[str, int | None]:
+    """(role, iteration or None) of a name a command takes: `blue`, `blue@3`,
+    `base` (when allowed); `blue@-1` only where a run resolves it."""
+    spec = parse_spec(text)
+    if spec.role == "base" and not allow_base:
+        raise SpecError(f"{text!r}: base is not a role here; use red, blue, eval or ROLE@N")
+    if spec.relative and not allow_relative:
+        raise SpecError(f"{text!r}: a relative snapshot (ROLE@-N) means something only inside a run; use ROLE@N")
+    return spec.role, spec.index
 
 
 def parse_spec(text: str) -> Spec:

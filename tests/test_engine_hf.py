@@ -8,10 +8,11 @@ import torch
 from lora_triplay.engine.base import Request, Sampling
 from lora_triplay.engine.hf import HFEngine
 from lora_triplay.grpo import Sample
-from tests.reference import batch_tensors as _batch_tensors, token_logprobs
 from lora_triplay.model import save_adapter
 from lora_triplay.recipe import LoraConfig
 from lora_triplay.store import atomic_write
+from tests.reference import batch_tensors as _batch_tensors
+from tests.reference import token_logprobs
 
 GREEDY = Sampling(max_new_tokens=8, temperature=0.0)
 MSGS = [

@@ -6,8 +6,8 @@ import pytest
 
 from lora_triplay.engine.base import Completion
 from lora_triplay.experts import ExpertPanel, majority, panel_summary
+from lora_triplay.judging.refusals import refused, rules_label
 from lora_triplay.recipe import ExpertsConfig
-from lora_triplay.refusals import refused, rules_label
 from lora_triplay.roles import load_templates
 
 

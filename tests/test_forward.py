@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_triplay.forward import FULL, SHARED, choose_layout, completion_logprobs, decoder_and_head, pack, padded_tokens
+from lora_triplay.errors import UserError
+from lora_triplay.forward import (
+    FULL,
+    SHARED,
+    choose_layout,
+    completion_logprobs,
+    decoder_and_head,
+    pack,
+    padded_tokens,
+)
 from lora_triplay.grpo import GrpoLearner, Sample
 from lora_triplay.logprobs import LogprobComputer, chunked_logprobs
 from lora_triplay.model import activate
@@ -117,7 +126,7 @@ def test_checkpointing_forces_the_full_sequence_layout(checkpointed):
     assert choose_layout(model) == SHARED  # no backward, no checkpointing: the cache survives
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "token_mean"])
 def test_checkpointed_gradient_equals_the_plain_one(role_model, loss_type):
     """Same step, same samples: gradient checkpointing on (full-sequence
     layout) vs off (shared-prompt layout), KL term included."""
@@ -144,7 +153,7 @@ def test_checkpointed_gradient_equals_the_plain_one(role_model, loss_type):
         assert torch.allclose(a, b, atol=TOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "token_mean"])
 @pytest.mark.parametrize("forward", ["shared_prompt", "full_sequence"])
 def test_token_budget_microbatches_do_not_change_the_gradient(role_model, loss_type, forward):
     model, tok = role_model
@@ -206,28 +215,5 @@ def test_fused_kernel_is_used_only_if_it_agrees(role_model):
 def test_liger_on_cpu_is_a_clear_error(role_model):
     model, _ = role_model
     _, head = decoder_and_head(model)
-    with pytest.raises(RuntimeError, match="grpo.logprob_kernel"):
+    with pytest.raises(UserError, match="grpo.logprob_kernel"):
         LogprobComputer("liger")(torch.randn(3, head.in_features), head, torch.zeros(3, dtype=torch.long))
-
-
-def test_sign_of_an_update(role_model):
-    """One step with a positive advantage raises that completion's log-prob;
-    a negative one lowers it (every loss type)."""
-    model, tok = role_model
-    for loss_type in ("grpo", "dr_grpo", "dapo"):
-        prompt = tok.encode("hello there")
-        up, down = tok.encode("yes indeed"), tok.encode("no way at all")
-        samples = [Sample(prompt, up, 0, 1.0, advantage=1.0), Sample(prompt, down, 0, -1.0, advantage=-1.0)]
-        params = activate(model, "red")
-        before = [p.detach().clone() for p in params]
-        computer = LogprobComputer("chunked")
-        with torch.no_grad():
-            lp0 = completion_logprobs(model, samples, tok.pad_token_id, SHARED, computer).logp.sum(-1)
-        learner = GrpoLearner(model, params, GrpoConfig(loss_type=loss_type, beta=0.0, max_new_tokens=8), lr=1e-2, pad_id=tok.pad_token_id)
-        assert not learner.step(samples).skipped
-        with torch.no_grad():
-            lp1 = completion_logprobs(model, samples, tok.pad_token_id, SHARED, computer).logp.sum(-1)
-        assert lp1[0] > lp0[0] and lp1[1] < lp0[1], (loss_type, lp0, lp1)
-        with torch.no_grad():
-            for p, b in zip(params, before):
-                p.copy_(b)

@@ -35,7 +35,7 @@ def test_group_advantages_unscaled_and_dropped():
 @pytest.mark.parametrize("loss_type,expected", [
     # lengths 2 and 4, n = 2, max_new_tokens = 8
     ("grpo", [1 / (2 * 2), 1 / (2 * 4)]),
-    ("dapo", [1 / 6, 1 / 6]),
+    ("token_mean", [1 / 6, 1 / 6]),
     ("dr_grpo", [1 / (2 * 8), 1 / (2 * 8)]),
 ])
 def test_loss_normalisers(loss_type, expected):
@@ -108,3 +108,41 @@ def test_several_updates_per_batch_clip(role_model):
     # last pass the policy has moved beyond 1 +- 0.01 on some tokens.
     assert stats.clip_fraction == 0.0
     assert stats.extra["clip_fraction_last_update"] > 0.0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "token_mean", "dr_grpo"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_one_step_raises_the_rewarded_completion_and_lowers_the_punished(role_model, loss_type, checkpointing):
+    """The sign of the whole update: after one on-policy step, the completion
+    with a positive advantage is more likely and the one with a negative
+    advantage less likely, whichever normaliser and forward layout runs."""
+    from reference import naive_logprobs
+
+    model, tok = role_model
+    params = activate(model, "blue")
+    saved = [p.detach().clone() for p in params]
+    prompt = tok.encode("tell me a story")
+    samples = [Sample(prompt, tok.encode("once upon a time"), group=0, reward=1.0, advantage=1.0),
+               Sample(prompt, tok.encode("no thanks"), group=0, reward=0.0, advantage=-1.0)]
+
+    def sequence_logps():
+        with torch.no_grad():
+            logp, _, cmask = naive_logprobs(model, samples, tok.pad_token_id)
+        return (logp * cmask).sum(-1)
+
+    try:
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        before = sequence_logps()
+        learner = GrpoLearner(model, params, GrpoConfig(loss_type=loss_type, beta=0.0, max_new_tokens=8), lr=1e-3, pad_id=tok.pad_token_id)
+        stats = learner.step(samples)
+        after = sequence_logps()
+    finally:
+        if checkpointing:
+            model.gradient_checkpointing_disable()
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+    assert not stats.skipped
+    assert after[0] > before[0] + 1e-4, (loss_type, before, after)
+    assert after[1] < before[1] - 1e-4, (loss_type, before, after)

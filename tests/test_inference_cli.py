@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from lora_triplay.cli import app
-from lora_triplay.judge import LABELS
+from lora_triplay.judging.parsing import LABELS
 from lora_triplay.recipe import ROLE_NAMES
 from lora_triplay.roles import blue_messages, load_techniques
 from lora_triplay.runs import snapshot_folder

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from lora_triplay.judge import (
+from lora_triplay.judging.parsing import (
     LABELS,
     PARSE_ERRORS,
     ParseResult,
@@ -17,7 +17,12 @@ from lora_triplay.judge import (
     parse_verdict,
     strip_thinking,
 )
-from lora_triplay.roles import eval_messages, expert_messages, load_templates, semantic_messages
+from lora_triplay.roles import (
+    eval_messages,
+    expert_messages,
+    load_templates,
+    semantic_messages,
+)
 
 # ----------------------------------------------------------- strip_thinking
 

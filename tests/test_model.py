@@ -6,7 +6,13 @@ import json
 import pytest
 import torch
 
-from lora_triplay.model import ModelError, load_adapter_weights, read_adapter_state, resolve_base, save_adapter
+from lora_triplay.model import (
+    ModelError,
+    load_adapter_weights,
+    read_adapter_state,
+    resolve_base,
+    save_adapter,
+)
 from lora_triplay.store import atomic_write
 
 

@@ -5,7 +5,6 @@ Fast: no model is loaded and torch is never imported in this process.
 """
 from __future__ import annotations
 
-import math
 import shlex
 import subprocess
 import sys
@@ -15,7 +14,14 @@ import pytest
 import torch
 import yaml
 
-from lora_triplay.recipe import Recipe, RecipeError, build_recipe, diff_recipes, load_recipe
+from lora_triplay.recipe import (
+    Recipe,
+    RecipeError,
+    build_recipe,
+    diff_recipes,
+    load_recipe,
+    load_recipe_data,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -63,44 +69,54 @@ def test_override_example_in_header_works(name: str):
     assert changed_keys == {o.split("=")[0] for o in overrides}
 
 
-@pytest.mark.parametrize("name", sorted(PAPER))
-def test_paper_recipes_carry_paper_numbers(name: str):
-    r = load_recipe(_recipe(name))
-    base, iterations = PAPER[name]
-    assert r.model.base == base
-    assert r.iterations == iterations
-    assert (r.phases.red.steps, r.phases.blue.steps, r.phases.eval.steps) == (200, 50, 50)
-    assert r.grpo.clip_epsilon == 0.2
-    assert r.grpo.beta == 0.01
-    assert r.grpo.grad_accumulation == 8
-    assert r.grpo.prompts_per_step * r.grpo.group_size == 256
-    assert r.grpo.temperature == 1.0
-    assert r.grpo.repetition_penalty == 1.0
-    assert r.grpo.max_new_tokens == 8192
-    assert r.grpo.lr == 1e-5  # LoRA rate, not the paper's full fine-tuning 1e-6
-    assert all(getattr(r.phases, role).lr is None for role in ("red", "blue", "eval"))
-    assert r.rewards.w_bleu == 2
-    assert r.rewards.w_cos == 4
-    assert r.rewards.ngram_orders == [3, 4, 5]
-    assert math.isclose(r.rewards.k, math.log(11 / 6), rel_tol=1e-12)
-    assert r.rewards.red_class_values == {"negative": 1.0, "rejective": 0.0, "positive": 0.0}
-    assert r.rewards.blue_class_values == {"negative": -1.0, "rejective": 0.0, "positive": 1.0}
-    assert r.rewards.judge_mode == "generate"
-    assert (r.lora.rank, r.lora.alpha) == (64, 128)
-    assert set(r.lora.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert (r.model.dtype, r.model.device) == ("bfloat16", "cuda")
-    assert r.model.gradient_checkpointing is True
-    assert r.model.enable_thinking is False
-    assert r.engine.backend == "vllm" and r.engine.enable_sleep_mode is True
-    assert [(d.name, d.weight) for d in r.defenders] == [("blue", 1.0), ("base", 0.5), ("blue@1", 0.5)]
-    assert r.data.basic_prompts == "builtin"
+def test_paper_recipes_share_one_file_and_differ_only_where_they_say():
+    """4b/8b/14b extend shared/paper.yaml: resolved, they differ only in the
+    base, the iteration count and vLLM's share (sized per base); each file's
+    own keys win over the shared ones."""
+    shared = load_recipe_data(ROOT / "recipes" / "shared" / "paper.yaml")
+    resolved = {n: load_recipe(_recipe(n)) for n in PAPER}
+    for name, (base, iterations) in PAPER.items():
+        assert (resolved[name].model.base, resolved[name].iterations) == (base, iterations)
+        assert yaml.safe_load(_recipe(name).read_text())["extends"] == "shared/paper.yaml"
+    for a, b in (("4b", "8b"), ("8b", "14b")):
+        keys = {d.split(":")[0] for d in diff_recipes(resolved[a], resolved[b])}
+        assert keys <= {"model.base", "iterations", "engine.gpu_memory_utilization"}, keys
+    assert resolved["8b"].grpo.prompts_per_step == shared["grpo"]["prompts_per_step"]
 
 
-def test_paper_recipes_differ_only_in_model_and_iterations():
-    r4, r8, r14 = (load_recipe(_recipe(n)) for n in ("4b", "8b", "14b"))
-    assert {d.split(":")[0] for d in diff_recipes(r4, r8)} == {"model.base"}
-    # vLLM's share is sized per base (the arithmetic in each recipe's comment)
-    assert {d.split(":")[0] for d in diff_recipes(r8, r14)} == {"model.base", "iterations", "engine.gpu_memory_utilization"}
+def test_extends_merges_sections_and_the_child_wins(tmp_path: Path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "parent.yaml").write_text("iterations: 3\ngrpo: {lr: 0.001, group_size: 4}\nlora: {target_modules: [q_proj, v_proj]}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: base/parent.yaml\ngrpo: {lr: 0.002}\nlora: {target_modules: [o_proj]}\n")
+    r = load_recipe(child, ["grpo.group_size=6"])
+    assert (r.iterations, r.grpo.lr, r.grpo.group_size) == (3, 0.002, 6)  # merged per section; overrides last
+    assert r.lora.target_modules == ["o_proj"]  # a list replaces, never appends
+    assert "extends" not in r.dump()
+
+
+@pytest.mark.parametrize("files,needle", [
+    ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "circle"),
+    ({"a.yaml": "extends: missing.yaml\niterations: 2\n"}, "does not exist"),
+    ({"a.yaml": "extends: [b.yaml]\n"}, "one recipe path"),
+    ({"a.yaml": ""}, "empty"),
+    ({"a.yaml": "# only a comment\n"}, "copy recipes/smoke.yaml"),
+])
+def test_bad_extends_and_empty_recipes_are_one_line(tmp_path: Path, files, needle):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(tmp_path / "a.yaml")
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_dr_grpo_removes_the_std_scaling_and_dapo_is_named_for_what_it_is():
+    assert build_recipe({"grpo": {"loss_type": "dr_grpo"}}).grpo.scale_rewards is False
+    assert build_recipe({}).grpo.scale_rewards is True
+    with pytest.raises(RecipeError, match="Dr. GRPO removes the std scaling"):
+        build_recipe({"grpo": {"loss_type": "dr_grpo", "scale_rewards": True}})
+    with pytest.raises(RecipeError, match="token_mean"):
+        build_recipe({"grpo": {"loss_type": "dapo"}})
 
 
 def test_smoke_recipe_is_the_cpu_demo():
@@ -174,11 +190,11 @@ ERRORS = [
     ("bad-yaml", "grpo: [1, 2\n", (), ["not valid YAML", "line"]),
     ("top-level-list", "- iterations\n- 2\n", (), ["top level must be a mapping", "list"]),
     ("top-level-scalar", "just text\n", (), ["top level must be a mapping", "str"]),
-    ("override-without-equals", "", ("phases.red.steps",), ["'phases.red.steps'", "`key=value`"]),
-    ("override-empty-key", "", ("=3",), ["empty key"]),
+    ("override-without-equals", "iterations: 1\n", ("phases.red.steps",), ["'phases.red.steps'", "`key=value`"]),
+    ("override-empty-key", "iterations: 1\n", ("=3",), ["empty key"]),
     ("override-into-a-value", "iterations: 2\n", ("iterations.red=3",), ["`iterations` is a value, not a section"]),
-    ("override-unknown-key", "", ("grpo.group_sise=4",), ["`grpo.group_sise`", "did you mean `grpo.group_size`"]),
-    ("override-bad-value", "", ("grpo.lr=fast",), ["`grpo.lr`", "'fast'"]),
+    ("override-unknown-key", "iterations: 1\n", ("grpo.group_sise=4",), ["`grpo.group_sise`", "did you mean `grpo.group_size`"]),
+    ("override-bad-value", "iterations: 1\n", ("grpo.lr=fast",), ["`grpo.lr`", "'fast'"]),
 ]
 
 
@@ -344,10 +360,3 @@ def test_per_phase_sampling_falls_back_to_grpo():
     assert (r.group_size_of("red"), r.group_size_of("blue")) == (8, 4)
     assert (r.temperature_of("red"), r.temperature_of("blue")) == (0.9, 0.7)
     assert r.longest_completion() == 100
-
-
-def test_paper_recipes_plan_fits_and_commit_every_few_steps():
-    for name in ("4b", "8b", "14b"):
-        r = load_recipe(_recipe(name))
-        assert r.run.checkpoint_every > 1 and r.grpo.max_tokens_per_microbatch
-        assert r.max_new_tokens_of("red") < r.max_new_tokens_of("blue") == 8192

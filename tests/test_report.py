@@ -8,7 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from lora_triplay.cli import app
-from lora_triplay.report import evaluation_series, iteration_boundaries, make_report, read_metrics, training_series
+from lora_triplay.report import (
+    evaluation_series,
+    iteration_boundaries,
+    make_report,
+    read_metrics,
+    training_series,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

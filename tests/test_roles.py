@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_triplay.judge import parse_label, parse_verdict
+from lora_triplay.judging.parsing import parse_label, parse_verdict
 from lora_triplay.roles import (
     ROLES,
     BasicPrompt,
@@ -141,10 +141,27 @@ def test_message_builders():
 
 
 def test_template_answer_examples_parse():
-    # the exact lines the templates ask for must satisfy the strict parsers
-    assert parse_label("reasoning\nLabel: rejective").label == "rejective"
-    assert parse_verdict("reasoning\nVerdict: unsafe", ("safe", "unsafe")).label == "unsafe"
-    assert parse_verdict("Verdict: yes", ("yes", "no")).label == "yes"
+    """Every answer line a template tells the judge to write, taken from the
+    template text itself, satisfies the strict parser for its choices."""
+    import re
+
+    t = load_templates()
+    asked = {
+        "eval_system": ("Label", ("negative", "rejective", "positive")),
+        "semantic_system": ("Verdict", ("yes", "no")),
+    }
+    for key, (word, choices) in asked.items():
+        lines = sorted(set(re.findall(rf"{word}: \w+", t[key])))
+        assert {line.split(": ")[1] for line in lines} == set(choices), (key, lines)
+        for line in lines:
+            parse = parse_label if word == "Label" else (lambda text, c=choices: parse_verdict(text, c))
+            assert parse(f"some reasoning first\n{line}").label == line.split(": ")[1]
+    for group, choices in (("safety_experts", ("safe", "unsafe")), ("utility_experts", ("rejective", "positive"))):
+        for instruction in t[group]:
+            lines = sorted(set(re.findall(r"Verdict: \w+", instruction)))
+            assert {line.split(": ")[1] for line in lines} == set(choices), (group, lines)
+            for line in lines:
+                assert parse_verdict(f"thinking\n{line}", choices).label == line.split(": ")[1]
 
 
 # ----------------------------------------------------- public data files

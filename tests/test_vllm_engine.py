@@ -76,7 +76,8 @@ def _tokens(engine, adapter_of_row, messages=MESSAGES, sampling=GREEDY):
 
 def _hf_teacher_logprobs(stack, adapter: str, prompt: list[int], completion: list[int]) -> list[float]:
     from lora_triplay.grpo import Sample
-    from tests.reference import batch_tensors as _batch_tensors, token_logprobs
+    from tests.reference import batch_tensors as _batch_tensors
+    from tests.reference import token_logprobs
 
     hf, model = stack["hf"], stack["model"]
     ids, mask, pos, _, C = _batch_tensors([Sample(prompt, completion, 0, 0.0)], hf.pad_id, torch.device("cpu"))

@@ -8,7 +8,7 @@ greedy tokens for the same adapter.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 BASE = "base"  # adapter name meaning "adapters off": the frozen base model
@@ -89,15 +89,38 @@ class Engine(Protocol):
         every step's generation."""
 
 
-@dataclass
-class GenerationStats:
-    """Counters an engine keeps for logging."""
+class ChatTokens:
+    """What both engines do the same way with the tokenizer (so both see the
+    same token ids): the chat prompt, a forced choice's tokens, the EOS set.
+    Needs `tokenizer`, `chat_kwargs` and `eos_ids` on the engine."""
 
-    requests: int = 0
-    samples: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
-    per_adapter: dict[str, int] = field(default_factory=dict)
+    @staticmethod
+    def eos_set(generation_config, tokenizer) -> list[int]:
+        """The model's EOS ids (one or several) and the tokenizer's."""
+        eos = getattr(generation_config, "eos_token_id", None)
+        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        return sorted({e for e in eos + [tokenizer.eos_token_id] if e is not None})
+
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **self.chat_kwargs)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return list(ids)
+
+    def choice_ids(self, choice: str) -> list[int]:
+        return list(self.tokenizer.encode(choice, add_special_tokens=False)) + [self.eos_ids[0]]
+
+    def split(self, requests: Sequence[Request], resolve) -> tuple[list[int], list[tuple[int, Request, object, list[int]]]]:
+        """(indices of the forced-choice requests, (index, request,
+        resolve(adapter), prompt ids) of the ones to generate for); every
+        adapter is resolved first, so an unknown one fails before any work."""
+        choice, gen = [], []
+        for i, req in enumerate(requests):
+            adapter = resolve(req.adapter)
+            if req.choices:
+                choice.append(i)
+            else:
+                gen.append((i, req, adapter, self.encode(req.messages)))
+        return choice, gen
 
 
 def choose(engine, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:

@@ -207,7 +207,10 @@ def register_decode_attention() -> None:
     """Make `DECODE_ATTENTION` a transformers attention implementation
     (with SDPA's mask) once per process."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import (
+        ALL_MASK_ATTENTION_FUNCTIONS,
+        AttentionMaskInterface,
+    )
 
     if DECODE_ATTENTION in AttentionInterface._global_mapping:
         return

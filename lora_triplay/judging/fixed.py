@@ -15,28 +15,25 @@ parse), and carries a `name` that every result records.
 * `openai:MODEL@URL` (:class:`OpenAIJudge`): any OpenAI-compatible chat
   completions endpoint, asked with the same eval template. URL is the API
   base (`http://host:8000/v1`; `/chat/completions` is appended unless
-  present). The API key is read from `LORA_TRIPLAY_JUDGE_API_KEY` or
-  `OPENAI_API_KEY` and only ever sent as a request header: never logged,
-  never stored, and scrubbed from error messages.
+  present), reached through the `openai` client. The API key is read from
+  `LORA_TRIPLAY_JUDGE_API_KEY` or `OPENAI_API_KEY` and only ever sent as a
+  request header: never logged, never stored, and scrubbed from error
+  messages.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..errors import UserError
+from .parsing import LABELS, parse_label
 from .refusals import rules_label
-from .judge import LABELS, parse_label
 
 API_KEY_ENVS = ("LORA_TRIPLAY_JUDGE_API_KEY", "OPENAI_API_KEY")
 
-class JudgeError(ValueError):
+class JudgeError(UserError):
     """A judge cannot be built or reached; the message is one line with the fix."""
 
 
@@ -63,9 +60,9 @@ class EvalJudge:
         self.name = f"eval@{iteration}"
 
     def __call__(self, cases: Sequence[Case]) -> list[str | None]:
-        from .engine.base import Request, Sampling
-        from .loop import LABEL_CHOICES
-        from .roles import eval_messages
+        from ..engine.base import Request, Sampling
+        from ..loop import LABEL_CHOICES
+        from ..roles import eval_messages
 
         if not cases:
             return []
@@ -92,8 +89,8 @@ class PanelJudge:
         self.get_run = get_run
 
     def __call__(self, cases: Sequence[Case]) -> list[str | None]:
-        from .experts import ExpertPanel
-        from .recipe import ExpertsConfig
+        from ..experts import ExpertPanel
+        from ..recipe import ExpertsConfig
 
         if not cases:
             return []
@@ -127,12 +124,14 @@ def _api_key() -> str | None:
 
 
 class ChatEndpoint:
-    """An OpenAI-compatible `/chat/completions` endpoint over urllib."""
+    """An OpenAI-compatible chat completions endpoint, through the `openai`
+    client (its retries on 429/5xx and connection errors, its timeouts);
+    many conversations run concurrently on one asyncio loop."""
 
     def __init__(self, spec: str, *, timeout: float = 120.0, retries: int = 2, workers: int = 4):
         self.model, url = parse_endpoint(spec)
         url = url.rstrip("/")
-        self.url = url if url.endswith("/chat/completions") else url + "/chat/completions"
+        self.base_url = url.removesuffix("/chat/completions")
         self.name = f"openai:{self.model}@{url}"
         self.timeout, self.retries, self.workers = timeout, retries, workers
 
@@ -140,41 +139,47 @@ class ChatEndpoint:
         key = _api_key()
         return text.replace(key, "***") if key else text
 
-    def _post(self, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> str:
-        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                           "temperature": temperature}).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
-        key = _api_key()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        for attempt in range(self.retries + 1):
-            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    data = json.loads(resp.read().decode("utf-8"))
-                return str(data["choices"][0]["message"].get("content") or "")
-            except urllib.error.HTTPError as e:
-                if e.code in (429, 500, 502, 503, 504) and attempt < self.retries:
-                    time.sleep(2.0 ** attempt)
-                    continue
-                hint = " (set LORA_TRIPLAY_JUDGE_API_KEY)" if e.code in (401, 403) else ""
-                raise JudgeError(self._scrub(f"{self.url}: HTTP {e.code} {e.reason}{hint}")) from None
-            except (urllib.error.URLError, TimeoutError, OSError) as e:
-                if attempt < self.retries:
-                    time.sleep(2.0 ** attempt)
-                    continue
-                reason = getattr(e, "reason", e)
-                raise JudgeError(self._scrub(f"{self.url}: cannot reach the endpoint ({reason}); check the URL and that the server runs")) from None
-            except (KeyError, IndexError, TypeError, ValueError):
-                raise JudgeError(f"{self.url}: the answer is not an OpenAI chat completion (no choices[0].message)") from None
-        raise AssertionError("unreachable")
+    def _error(self, exc: Exception) -> JudgeError:
+        import openai
+
+        url = f"{self.base_url}/chat/completions"
+        if isinstance(exc, openai.APIStatusError):
+            hint = " (set LORA_TRIPLAY_JUDGE_API_KEY)" if exc.status_code in (401, 403) else ""
+            return JudgeError(self._scrub(f"{url}: HTTP {exc.status_code}{hint}"))
+        if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError)):
+            return JudgeError(self._scrub(f"{url}: cannot reach the endpoint ({type(exc).__name__}); check the URL and that the server runs"))
+        return JudgeError(self._scrub(f"{url}: the answer is not an OpenAI chat completion ({type(exc).__name__})"))
 
     def complete(self, conversations: Sequence[list[dict[str, str]]], max_tokens: int = 256,
                  temperature: float = 0.0) -> list[str]:
         if not conversations:
             return []
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(conversations)))) as pool:
-            return list(pool.map(lambda m: self._post(m, max_tokens, temperature), conversations))
+        import asyncio
+
+        import openai
+
+        async def run() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=_api_key() or "unused",
+                                        max_retries=self.retries, timeout=self.timeout)
+            gate = asyncio.Semaphore(self.workers)
+
+            async def one(messages):
+                async with gate:
+                    out = await client.chat.completions.create(model=self.model, messages=messages,
+                                                               max_tokens=max_tokens, temperature=temperature)
+                    return str(out.choices[0].message.content or "")
+
+            try:
+                return await asyncio.gather(*(one(m) for m in conversations))
+            finally:
+                await client.close()
+
+        try:
+            return asyncio.run(run())
+        except JudgeError:
+            raise
+        except Exception as exc:  # the client's errors, worded for the user
+            raise self._error(exc) from None
 
 
 class OpenAIJudge:
@@ -184,7 +189,7 @@ class OpenAIJudge:
         self.max_tokens = max_tokens
 
     def __call__(self, cases: Sequence[Case]) -> list[str | None]:
-        from .roles import eval_messages
+        from ..roles import eval_messages
 
         texts = self.endpoint.complete([eval_messages(c.prompt, c.response) for c in cases], self.max_tokens)
         return [parse_label(t, LABELS).label for t in texts]

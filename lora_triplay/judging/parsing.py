@@ -18,7 +18,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-LABELS = ("negative", "rejective", "positive")
+from ..recipe import LABELS  # noqa: E402,F401 (re-exported: the parsers' default classes)
+
 PARSE_ERRORS = ("empty", "no_label", "multiple_labels", "only_in_thinking", "truncated")
 
 # ---------------------------------------------------------------- thinking

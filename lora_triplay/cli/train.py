@@ -1,43 +1,15 @@
-"""`lora-triplay`: thin command line. Parse, load the recipe, hand over.
-
-torch and transformers are imported lazily so `--help` and recipe checks are
-instant. Known user errors print one line and exit with code 2; `--debug`
-shows the traceback instead.
-"""
+"""Training commands: `run`, `validate`, `plan`."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="Tri-role self-play RL (red / blue / eval) on one base model with three LoRA adapters.",
-    rich_markup_mode="markdown",
-)
-EXIT_USER_ERROR = 2
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from .model import ModelError
-    from .recipe import RecipeError
-    from .roles import SeedDataError
-    from .session import RunError
-
-    return (RecipeError, ModelError, SeedDataError, RunError, FileNotFoundError)
-
-
-def _fail(exc: BaseException, debug: bool) -> None:
-    if debug:
-        raise exc
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(EXIT_USER_ERROR)
+from ..errors import UserError
+from .common import EXIT_USER_ERROR, USER_ERRORS, fail
 
 
 def _default_run_dir(recipe, recipe_path: Path) -> Path:
@@ -45,7 +17,6 @@ def _default_run_dir(recipe, recipe_path: Path) -> Path:
     return Path(recipe.run.root) / name
 
 
-@app.command()
 def run(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/smoke.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides, e.g. phases.red.steps=1 iterations=2"),
@@ -61,20 +32,19 @@ def run(
     """
     logging.basicConfig(level=logging.INFO if not debug else logging.DEBUG, format="%(message)s")
     try:
-        from .recipe import load_recipe
+        from ..recipe import load_recipe
 
         recipe = load_recipe(recipe_path, overrides or [])
         if resume and run_dir is None:
-            raise _user_errors()[3]("--resume needs --run-dir DIR: the run folder to continue")
+            raise UserError("--resume needs --run-dir DIR: the run folder to continue")
         folder = run_dir or _default_run_dir(recipe, recipe_path)
-        from .progress import run_with_progress
+        from ..progress import run_with_progress
 
         run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=not skip_plan_check)
-    except _user_errors() as exc:
-        _fail(exc, debug)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
 
 
-@app.command()
 def validate(
     recipes: List[Path] = typer.Argument(..., metavar="RECIPE...", help="recipe files to check"),
     overrides: List[str] = typer.Option([], "--set", help="dotted override applied to each, e.g. --set iterations=2"),
@@ -83,7 +53,7 @@ def validate(
 
     Example: `lora-triplay validate recipes/*.yaml`
     """
-    from .recipe import RecipeError, load_recipe
+    from ..recipe import RecipeError, load_recipe
 
     bad = 0
     for path in recipes:
@@ -96,7 +66,6 @@ def validate(
     raise typer.Exit(EXIT_USER_ERROR if bad else 0)
 
 
-@app.command()
 def plan(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/14b.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides"),
@@ -112,16 +81,13 @@ def plan(
     Exits with 2 and one line when the recipe cannot fit.
     """
     try:
-        from .plan import PlanError, make_plan, render
-        from .recipe import load_recipe
+        from ..plan import make_plan, render
+        from ..recipe import load_recipe
 
         recipe = load_recipe(recipe_path, overrides or [])
-        try:
-            result = make_plan(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, prompt_tokens=prompt_tokens)
-        except PlanError as exc:
-            raise _user_errors()[0](str(exc)) from None
-    except _user_errors() as exc:
-        _fail(exc, debug)
+        result = make_plan(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, prompt_tokens=prompt_tokens)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
     if json_out:
         import json
 
@@ -133,30 +99,7 @@ def plan(
         raise typer.Exit(EXIT_USER_ERROR)
 
 
-def _register_commands() -> None:
-    """Command groups live in their own modules; each adds itself to `app`."""
-    import importlib
-
-    for module in ("lora_triplay.cli_infer", "lora_triplay.cli_eval"):
-        try:
-            importlib.import_module(module).register(app)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-
-
-_register_commands()
-
-
-def main() -> None:
-    # Model hubs are unreachable in many clusters; fail fast instead of hanging.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        app()
-    except KeyboardInterrupt:
-        typer.echo("interrupted; resume with --resume --run-dir <run folder>", err=True)
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(validate)
+    app.command()(plan)

@@ -35,7 +35,7 @@ WINDOW = 300  # characters from the start of the visible answer
 
 
 def refused(response: str, window: int = WINDOW) -> bool:
-    from .judge import strip_thinking
+    from .parsing import strip_thinking
 
     visible, _ = strip_thinking(response or "")
     text = visible.replace("\u2019", "'").strip()

@@ -1,13 +1,11 @@
-"""Inference commands: `export`, `play`, `chat`, `serve` (registered by cli.py).
+"""Inference commands: `export`, `play`, `chat`, `serve`.
 
-Thin, like cli.py: parse, then hand over to export.py, play.py, serve.py.
+Thin: parse, then hand over to export.py, play.py, serve.py.
 torch is imported only inside the commands, so `--help` stays instant.
 """
 from __future__ import annotations
 
 import json
-import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,47 +13,23 @@ from typing import List, Optional
 
 import typer
 
+from .common import USER_ERRORS, fail, quiet
+
 RUN_DIR_ARG = typer.Argument(..., metavar="RUN_DIR", help="a run folder written by `lora-triplay run`, e.g. adapters/smoke-demo")
 ITERATION_OPT = typer.Option(None, "--iteration", "-i", min=0, help="use the snapshots of iteration N (`<role>/iter-NNNN`; 0 = untrained); default: the latest weights")
 DEBUG_OPT = typer.Option(False, "--debug", help="show Python tracebacks")
 
 
-def _errors():
-    from .cli import _user_errors
-
-    return _user_errors()
-
-
-def _fail(exc: BaseException, debug: bool) -> None:
-    from .cli import _fail as fail
-
-    fail(exc, debug)
-
-
-def _quiet(debug: bool) -> None:
-    """Keep stdout for results: library chatter goes to stderr, and less of it."""
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s", stream=sys.stderr)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not debug:
-        try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity_error()
-            hf_logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover
-            pass
-
-
 def _check_run_dir(run_dir: Path) -> None:
-    from .model import ModelError
+    from ..model import ModelError
 
     if not run_dir.is_dir():
         raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote (e.g. adapters/smoke-demo)")
 
 
 def _open(run_dir: Path, iteration: Optional[int], device: Optional[str]):
-    from .model import ModelError
-    from .runs import open_run
+    from ..model import ModelError
+    from ..runs import open_run
 
     _check_run_dir(run_dir)
     if device not in (None, "auto", "cpu", "cuda"):
@@ -87,9 +61,9 @@ def export(
 
     Example: `lora-triplay export adapters/smoke-demo --role all --iteration 2 --out exports/iter2`
     """
-    _quiet(debug)
+    quiet(debug)
     try:
-        from .export import export as do_export
+        from ..export import export as do_export
 
         _check_run_dir(run_dir)
         t0 = time.perf_counter()
@@ -97,8 +71,8 @@ def export(
         for r in results:
             typer.echo(f"{r.role}: {r.folder} ({r.info['weights']}, {r.info['dtype']}, merged in {r.seconds:.1f}s)")
         typer.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
-    except _errors() as exc:
-        _fail(exc, debug)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
 
 
 def play(
@@ -130,12 +104,19 @@ def play(
 
     For scripts: `lora-triplay play adapters/smoke-demo --from-file requests.txt --json > round.json`
     """
-    _quiet(debug)
+    quiet(debug)
     try:
-        from .engine.base import Sampling
-        from .play import Selection, load_requests, pick_techniques, play_round, render_table, resolve_defenders
-        from .roles import load_techniques
-        from .runs import read_run_recipe
+        from ..engine.base import Sampling
+        from ..play import (
+            Selection,
+            load_requests,
+            pick_techniques,
+            play_round,
+            render_table,
+            resolve_defenders,
+        )
+        from ..roles import load_techniques
+        from ..runs import read_run_recipe
 
         _check_run_dir(run_dir)
         texts = load_requests(requests or [], from_file, column)
@@ -143,7 +124,7 @@ def play(
         sel = Selection.from_specs(role, iteration)
         defenders = resolve_defenders(recipe, sel, defender)
         if not defender:  # the recipe may name snapshots this run has not reached: skip them, as training does
-            from .store import RunStore
+            from ..store import RunStore
 
             have = RunStore(run_dir).snapshots("blue")
             missing = [d for d in defenders if "@" in d and d not in sel.blues and int(d.split("@")[1]) not in have]
@@ -156,8 +137,8 @@ def play(
         run = _open(run_dir, iteration, device)
         sampling = Sampling(max_new_tokens=max_new_tokens or recipe.grpo.max_new_tokens, temperature=temperature, seed=seed)
         result = play_round(run, texts, sel=sel, defenders=defenders, techniques=techniques, sampling=sampling, seed=seed)
-    except _errors() as exc:
-        _fail(exc, debug)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
         return
     if as_json:
         typer.echo(json.dumps(result, ensure_ascii=False, indent=2))
@@ -186,14 +167,15 @@ def chat(
 
     Scripted: `printf 'hello\\n/role red\\nhello\\n/quit\\n' | lora-triplay chat adapters/smoke-demo`
     """
-    _quiet(debug)
+    quiet(debug)
     try:
         import torch
 
-        from .engine.base import Sampling
-        from .play import ChatSession, chat_loop, parse_adapter_spec
+        from ..engine.base import Sampling
+        from ..play import ChatSession, chat_loop
+        from ..snapshots import parse_role
 
-        parse_adapter_spec(role)  # a bad --role fails before the model loads
+        parse_role(role)  # a bad --role fails before the model loads
         _check_run_dir(run_dir)
         run = _open(run_dir, iteration, device)
         torch.manual_seed(seed)
@@ -212,8 +194,8 @@ def chat(
             typer.echo(text, nl=False, err=True)
 
         chat_loop(session, sys.stdin, say, prompt if interactive else None)
-    except _errors() as exc:
-        _fail(exc, debug)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
 
 
 def serve(
@@ -239,13 +221,13 @@ def serve(
 
     Example: `lora-triplay serve adapters/my-run --iteration 2 --role blue@1 --dry-run`
     """
-    _quiet(debug)
+    quiet(debug)
     try:
-        from .serve import INSTALL, build_command, shell_line, vllm_available
+        from ..serve import INSTALL, build_command, shell_line, vllm_available
 
         cmd = build_command(run_dir, iteration=iteration, snapshots=role, host=host, port=port, extra=vllm_args or [])
-    except _errors() as exc:
-        _fail(exc, debug)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
         return
     if dry_run:
         typer.echo(shell_line(cmd))
@@ -254,10 +236,18 @@ def serve(
         typer.echo(shell_line(cmd))
         typer.secho(f"error: {INSTALL}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
-    typer.echo(f"exec: {shell_line(cmd)}", err=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvp(cmd[0], cmd)
+    import tempfile
+
+    from ..serve import run_server
+
+    log_path = Path(tempfile.mkdtemp(prefix="lora-triplay-serve-")) / "vllm.log"
+    typer.echo(f"starting: {shell_line(cmd)}\n(log until ready: {log_path})", err=True)
+    try:
+        code = run_server(cmd, log_path, lambda line: typer.echo(line, err=True))
+    except USER_ERRORS as exc:
+        fail(exc, debug)
+        return
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

