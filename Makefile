@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM = false
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: install install-vllm demo test smoke-ci bench gpu-wheels evidence
+.PHONY: install install-vllm demo test smoke-ci bench bench-engines gpu-wheels evidence
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -56,7 +56,12 @@ smoke-ci: install
 	rm -rf $(RUN_DIR)-ci
 	$(BIN)/lora-triplay run recipes/smoke.yaml phases.red.steps=1 phases.blue.steps=1 phases.eval.steps=1 --run-dir $(RUN_DIR)-ci
 
-bench:
+# Every performance goal (bench/suite.py): one table, JSON under
+# bench/results/, the Suite section of bench/BENCHMARKS.md; under 20 minutes.
+bench: install-vllm
+	OMP_NUM_THREADS=1 $(BIN)/python bench/suite.py
+
+bench-engines: install-vllm
 	$(BIN)/python bench/bench_engines.py
 
 # Does training work? 5 runs of recipes/cpu-evidence.yaml on the embedded

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from results_io import save_results
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ADAPTERS = ("base", "red", "blue", "eval")
+
 
 
 def build(base_spec: str, rank: int, seed: int = 0):
@@ -172,10 +175,7 @@ def main() -> None:
     print(f"adapter sync: {results['sync']['seconds_median'] * 1000:.0f} ms (median of {args.syncs}); "
           f"fresh engine: {fresh:.1f} s  ->  x{results['ratios']['fresh_engine_over_sync']}")
     print("ratios:", json.dumps(results["ratios"]))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    save_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ Measures (seconds, and naive/shared ratios):
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
 from pathlib import Path
+
+from results_io import save_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.reference: the naive paths
 
@@ -116,10 +117,7 @@ def main() -> None:
         r = results[key]
         r["speedup"] = r["naive_s"] / r["shared_s"]
         print(f"{key:<9} shared {r['shared_s']:7.2f}s   naive {r['naive_s']:7.2f}s   x{r['speedup']:.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"saved {out}")
+    save_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from results_io import save_results
+
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 151_936
 PROMPT = 64
@@ -134,10 +136,7 @@ def main() -> None:
         print(f"  unchunked @ {r['completion_tokens']:>5} tokens  peak RSS {r['peak_rss_gb']:6.2f} GB")
     print(f"  unchunked @ {args.tokens:>5} tokens  ~{estimate:.1f} GB (linear fit; the logits alone are {result['unchunked_logits_alone_gb']} GB): "
           f"does not fit this {result['machine']['memory_gb']} GB machine")
-    out = ROOT / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {out}")
+    save_results(ROOT / args.out, result)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ Aggregation (`loss_type`):
 With `updates_per_batch` = 1 (the default) logp_old is logp detached: the
 ratio is 1 and its gradient is the policy gradient; with more updates per
 rollout batch logp_old is frozen at the first pass and clipping bites.
+
+Several processes (distributed.py): each rank passes its own block of
+groups; the normaliser counts every rank's sequences and tokens and the
+gradients are summed across ranks before clipping, so each rank takes the
+step one process would take on the whole batch.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .distributed import Collective
 from .faults import crash_point
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
 from .logprobs import LogprobComputer, logit_transform
@@ -90,8 +96,10 @@ class GrpoLearner:
     fused kernel where one is installed on CUDA)."""
 
     def __init__(self, model, params: list[torch.nn.Parameter], cfg: GrpoConfig, lr: float, pad_id: int,
-                 computer: LogprobComputer | None = None, max_new_tokens: int | None = None):
+                 computer: LogprobComputer | None = None, max_new_tokens: int | None = None,
+                 collective: Collective | None = None):
         self.model, self.params, self.cfg, self.pad_id = model, params, cfg, pad_id
+        self.collective = collective or Collective(world=1)
         self.max_new_tokens = max_new_tokens or cfg.max_new_tokens  # dr_grpo's constant normaliser
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         self.nonfinite_in_a_row = 0
@@ -102,14 +110,28 @@ class GrpoLearner:
         self.layout: str | None = None
 
     def _normaliser(self, cmask_rows: list[int]) -> list[float]:
-        """Weight of each sequence's token-sum in the batch loss."""
+        """Weight of each sequence's token-sum in the batch loss; the batch
+        is every rank's sequences together."""
+        n_all, tokens_all = self.collective.sum_floats([len(cmask_rows), sum(cmask_rows)])
         n = len(cmask_rows)
         if self.cfg.loss_type == "grpo":
-            return [1.0 / (n * max(t, 1)) for t in cmask_rows]
+            return [1.0 / (n_all * max(t, 1)) for t in cmask_rows]
         if self.cfg.loss_type == "token_mean":
-            total = max(sum(cmask_rows), 1)
-            return [1.0 / total] * n
-        return [1.0 / (n * self.max_new_tokens)] * n  # dr_grpo
+            return [1.0 / max(tokens_all, 1)] * n
+        return [1.0 / (n_all * self.max_new_tokens)] * n  # dr_grpo
+
+    def _reduce(self, totals: dict[str, float]) -> dict[str, float]:
+        """Sum the active adapter's gradients and the step's totals over ranks."""
+        if self.collective.world == 1:
+            return totals
+        for p in self.params:
+            if p.grad is None:  # a rank whose samples did not reach this tensor
+                p.grad = torch.zeros_like(p)
+        self.collective.sum_tensors_([p.grad for p in self.params])
+        keys = sorted(totals)
+        summed = dict(zip(keys, self.collective.sum_floats([totals[k] for k in keys])))
+        summed["tokens"] = int(summed["tokens"])
+        return summed
 
     def place_state(self, device: torch.device | str) -> None:
         """Move this role's optimizer state (AdamW's two moments) to `device`:
@@ -182,7 +204,7 @@ class GrpoLearner:
         live, layout, parts, weights = self._plan(samples)
         self.optimizer.zero_grad(set_to_none=True)
         try:
-            self._accumulate(live, layout, parts, weights, [None] * len(parts), [None] * len(parts), first=True)
+            self._reduce(self._accumulate(live, layout, parts, weights, [None] * len(parts), [None] * len(parts), first=True))
         finally:
             self.model.eval()
         grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -194,8 +216,8 @@ class GrpoLearner:
         than one, the ratio moves away from 1 and clipping takes effect."""
         cfg, model = self.cfg, self.model
         stats = StepStats()
-        if not any(s.completion_ids for s in samples):
-            stats.skipped = True
+        if not self.collective.sum_floats([sum(1 for s in samples if s.completion_ids)])[0]:
+            stats.skipped = True  # on every rank: nothing to learn from anywhere
             return stats
         model.train()
         live, layout, parts, weights = self._plan(samples)
@@ -205,7 +227,7 @@ class GrpoLearner:
         total_loss, grad_norm = 0.0, 0.0
         for update in range(cfg.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            t = self._accumulate(live, layout, parts, weights, old_logps, ref_logps, first=update == 0)
+            t = self._reduce(self._accumulate(live, layout, parts, weights, old_logps, ref_logps, first=update == 0))
             total_loss, tokens = t["loss"], max(t["tokens"], 1)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
             if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):

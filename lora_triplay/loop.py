@@ -168,7 +168,10 @@ class Phases:
         if rw.semantic:
             sem_ok, sem_soft, bad_sem = self.semantic([(x.basic.prompt, x.wrapped) for x in valid])
         weights = {d.name: d.weight for d in defenders}
-        for x, ok, p_ok, (s_bleu, s_cos) in zip(valid, sem_ok, sem_soft, s.pool.score([x.wrapped for x in valid])):
+        t0 = time.perf_counter()
+        similarity = s.pool.score([x.wrapped for x in valid])  # Self-BLEU and cosine against the success pool
+        self.timings["diversity"] = time.perf_counter() - t0
+        for x, ok, p_ok, (s_bleu, s_cos) in zip(valid, sem_ok, sem_soft, similarity):
             x.semantic_ok = ok
             x.reward, x.subs = red_reward(
                 x.soft, weights, rw.red_class_values, p_ok, rw.semantic_value if rw.semantic else 0.0,

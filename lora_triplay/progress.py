@@ -54,10 +54,11 @@ def summary_table(rows: list[dict], iteration: int) -> Table:
     return table
 
 
-def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True) -> None:
+def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True,
+                      quiet: bool = False) -> None:
     from .session import Session
 
-    console = Console(stderr=False)
+    console = Console(stderr=False, quiet=quiet)
     t0 = time.perf_counter()
     console.print(f"[bold]lora-triplay[/] base={recipe.model.base} engine={recipe.engine.backend} run={folder}")
     session = Session.open(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=check_plan)

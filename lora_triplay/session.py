@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import defenders as defender_set
+from .distributed import Collective
 from .errors import UserError
 from .experts import ExpertPanel, build_sources
 from .faults import crash_point
@@ -37,7 +38,7 @@ from .model import (
 from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
 from .rundata import RunData
-from .store import JSONL, RunStore, restore_rng, rng_state
+from .store import JSONL, FollowerStore, RunStore, restore_rng, rng_state
 from .trackers import Trackers, check_installed
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,9 @@ def check_fits_gpu(recipe: Recipe) -> None:
 
 
 class Session:
-    def __init__(self, recipe: Recipe, store: RunStore, state: dict, check_plan: bool = True):
+    def __init__(self, recipe: Recipe, store: RunStore, state: dict, check_plan: bool = True, collective: Collective | None = None):
         self.recipe, self.store, self.state = recipe, store, state
+        self.collective = collective or Collective(world=1)
         self.hooks = Hooks()
         self.check_plan = check_plan
 
@@ -92,10 +94,15 @@ class Session:
     @classmethod
     def open(cls, recipe: Recipe, run_dir: Path, *, resume: bool = False, allow_recipe_change: bool = False,
              check_plan: bool = True) -> "Session":
-        store = RunStore(run_dir)
+        # Several processes (accelerate launch): every rank runs this loop on
+        # the same data; rank 0 alone writes the run folder (distributed.py).
+        collective = Collective()
+        store = RunStore(run_dir) if collective.main else FollowerStore(run_dir)
         created = False
+        had_state = store.has_state()
+        collective.barrier()  # every rank has looked before rank 0 writes
         if resume:
-            if not store.has_state():
+            if not had_state:
                 raise RunError(f"--resume: {run_dir} holds no run (no state.json); drop --resume to start a new run there")
             saved = build_recipe(__import__("yaml").safe_load(store.path("recipe.yaml").read_text()), source=str(store.path("recipe.yaml")))
             changed = diff_recipes(saved, recipe)
@@ -109,11 +116,11 @@ class Session:
                 raise RunError(f"{run_dir} was written by another version of lora-triplay (state version {state.get('version')}, "
                                f"this one reads {STATE_VERSION}); finish it with that version or start a new run")
         else:
-            if store.has_state():
+            if had_state:
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
-            created = not Path(run_dir).exists()
+            created = collective.main and not Path(run_dir).exists()
             store.create()
-            for name in JSONL:  # every run folder has the same files, empty or not
+            for name in JSONL if collective.main else ():  # every run folder has the same files, empty or not
                 store.path(f"{name}.jsonl").touch(mode=0o600)
             state = {
                 "version": STATE_VERSION, "iteration": 1, "phase": recipe.phases_of(1)[0], "step": 0, "done": False,
@@ -121,7 +128,12 @@ class Session:
                 "global_step": 0, "base": recipe.model.base, "checkpoints": {},
                 "nonfinite": {role: 0 for role in ROLE_NAMES},
             }
-        session = cls(recipe, store, state, check_plan=check_plan)
+        if state.get("world_size", collective.world) != collective.world:
+            # Rollouts are seeded per request and gradients summed over ranks:
+            # the world size only moves work between ranks (README: scale out).
+            log.info("resuming a run written by %d process(es) with %d", state["world_size"], collective.world)
+        state["world_size"] = collective.world
+        session = cls(recipe, store, state, check_plan=check_plan, collective=collective)
         try:
             session._build(fresh=not resume)
         except BaseException:
@@ -142,6 +154,10 @@ class Session:
         self.model.eval()
         log.info("base %s loaded with 3 adapters in %.1fs", r.model.base, time.perf_counter() - t0)
         self.engine = self._make_engine()
+        if self.collective.world > 1:
+            from .engine.sharded import ShardedEngine
+
+            self.engine = ShardedEngine(self.engine, self.collective)
         encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
         self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
         device = next(self.model.parameters()).device
@@ -151,13 +167,13 @@ class Session:
         self.data = RunData(r, self.state, self.panel)
         self.defenders: list[defender_set.Defender] = []
         self.phases = Phases(self)
-        self.trackers = Trackers(r.run.report_to, self.store.root, r.model_dump(mode="json"), self.store.root.name)
+        self.trackers = Trackers(r.run.report_to if self.collective.main else [], self.store.root, r.model_dump(mode="json"), self.store.root.name)
         self.learners: dict[str, GrpoLearner] = {}
         computer = LogprobComputer(r.grpo.logprob_kernel, r.grpo.logprob_chunk_tokens, logit_transform(self.model.config))
         for role in ROLE_NAMES:
             params = list(adapter_parameters(self.model, ROLE_ADAPTERS[role]).values())
             self.learners[role] = GrpoLearner(self.model, params, r.grpo, r.role_lr(role), self.tokenizer.pad_token_id,
-                                              computer=computer, max_new_tokens=r.max_new_tokens_of(role))
+                                              computer=computer, max_new_tokens=r.max_new_tokens_of(role), collective=self.collective)
         if fresh:
             self.store.write_text("recipe.yaml", r.dump())
             for role in ROLE_NAMES:
@@ -182,6 +198,9 @@ class Session:
     def _restore(self) -> None:
         """Put every piece back exactly as the last commit left it."""
         st, store = self.state, self.store
+        for name in JSONL:  # rank 0 cuts the rows back to the last commit's counts ...
+            store.truncate_jsonl(name, st["counts"].get(name, 0))
+        self.collective.barrier()  # ... before any rank reads them
         for role in ROLE_NAMES:
             folder = store.path(st["checkpoints"][role])
             load_adapter_weights(self.model, ROLE_ADAPTERS[role], folder, expect_rank=self.recipe.lora.rank)
@@ -189,8 +208,6 @@ class Session:
             self.learners[role].nonfinite_in_a_row = st["nonfinite"][role]
             self.engine.sync_adapter(role)
             store.prune(role, keep=folder)  # checkpoints written after the last commit
-        for name in JSONL:
-            store.truncate_jsonl(name, st["counts"].get(name, 0))
         self.pool.add([row["text"] for row in store.iter_jsonl("asp")])
         self.data.restore(store)
         restore_rng(st["rng"])
@@ -218,6 +235,7 @@ class Session:
         self.state["rng"] = rng_state()
         crash_point("commit")
         self.store.commit(self.state)
+        self.collective.barrier()  # what rank 0 wrote is there before any rank reads it
 
     # ----------------------------------------------------------------- run
     def run(self) -> None:
@@ -236,6 +254,7 @@ class Session:
                 self._one_step(it, phase, total)
             if phase in ROLE_NAMES:  # the warm start is part of iteration 1, not a snapshot of its own
                 self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]))
+            self._check_ranks_agree(role)
             self.hooks.phase_end(it, phase)
             self._advance_phase()
         self.trackers.close()
@@ -259,7 +278,8 @@ class Session:
         learner = self.learners[role]
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
-        stats = learner.step(result.samples) if result.samples else None
+        stats = learner.step(self._my_groups(result.samples)) if result.samples else None
+        t2 = time.perf_counter()
         if stats is not None and stats.skipped and learner.nonfinite_in_a_row:
             log.warning("step skipped: non-finite loss or gradient (%d in a row)", learner.nonfinite_in_a_row)
             if learner.nonfinite_in_a_row >= self.recipe.grpo.max_nonfinite_steps:
@@ -269,12 +289,14 @@ class Session:
                 )
         if stats is not None and not stats.skipped:
             self.engine.sync_adapter(role)  # vLLM: new adapter version; hf: shared weights
+        t3 = time.perf_counter()
         st["step"] += 1
         st["global_step"] += 1  # names this step's checkpoint folder
         row = {
             "iteration": it, "phase": phase, "step": st["step"], "global_step": st["global_step"],
             **{k: round(v, 6) for k, v in result.metrics.items()},
-            "train_seconds": round(time.perf_counter() - t1, 3), "step_seconds": round(time.perf_counter() - t0, 3),
+            "update_seconds": round(t2 - t1, 3), "sync_seconds": round(t3 - t2, 3),
+            "train_seconds": round(t3 - t1, 3),
         }
         if stats is not None:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
@@ -284,22 +306,50 @@ class Session:
         # first and state.json last, every run.checkpoint_every steps and
         # at the end of every phase.
         st["nonfinite"][role] = learner.nonfinite_in_a_row
+        commit = st["step"] % self.recipe.run.checkpoint_every == 0 or st["step"] >= total
+        if commit:  # the folder first; it only counts once state.json names it (below)
+            t4 = time.perf_counter()
+            checkpoint = self._checkpoint(role)
+            row["checkpoint_seconds"] = round(time.perf_counter() - t4, 3)
+        row["step_seconds"] = round(time.perf_counter() - t0, 3)
         counts = st["counts"]
         counts["asp"] += self.store.append_jsonl("asp", result.asp_rows)
         counts["eval_pairs"] += self.store.append_jsonl("eval_pairs", result.eval_rows)
         counts["panel"] += self.store.append_jsonl("panel", result.panel_rows)
         counts["transcripts"] += self.store.append_jsonl("transcripts", result.transcripts)
-        commit = st["step"] % self.recipe.run.checkpoint_every == 0 or st["step"] >= total
         row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row])
         self.trackers.log(row)
         if commit:
-            st["checkpoints"][role] = self._checkpoint(role)
+            st["checkpoints"][role] = checkpoint
             self._commit()
             self.store.prune(role, keep=self.store.path(st["checkpoints"][role]))
         self.pool.add([x["text"] for x in result.asp_rows])
         self.data.commit(result.eval_rows, result.panel_rows)
         self.hooks.step_done(row)
+
+    def _check_ranks_agree(self, role: str) -> None:
+        """Several processes: every rank must hold the adapter rank 0 saved.
+        A rank that drifted (a nondeterministic kernel, different library
+        versions) stops the run here rather than training on silently."""
+        if self.collective.world == 1:
+            return
+        weights = adapter_parameters(self.model, ROLE_ADAPTERS[role]).values()
+        mine = [float(sum(w.detach().double().abs().sum() for w in weights)), float(sum(w.detach().double().sum() for w in weights))]
+        every = self.collective.gather(mine)
+        spread = max(abs(a - b) for x in every for a, b in zip(x, every[0]))
+        if spread > 1e-6 * (1 + abs(every[0][0])):
+            raise RunError(f"the {role} adapter differs across ranks (fingerprints {every}); the run folder holds rank 0's. "
+                           "Check that every rank runs the same library versions, and resume")
+        log.info("ranks agree on the %s adapter (%d processes)", role, self.collective.world)
+
+    def _my_groups(self, samples: list) -> list:
+        """This rank's block of the step's GRPO groups (all of them in one process)."""
+        if self.collective.world == 1:
+            return samples
+        _, mine = self.collective.block(sorted({x.group for x in samples}))
+        keep = set(mine)
+        return [x for x in samples if x.group in keep]
 
     def _advance_phase(self) -> None:
         st = self.state

@@ -204,3 +204,33 @@ def restore_rng(state: dict) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]])
+
+
+class FollowerStore(RunStore):
+    """The run folder as a rank other than 0 sees it in a multi-process
+    run: the same paths, read from, never written (rank 0 writes; every
+    rank waits for it at each commit). Writes return what rank 0's return."""
+
+    def create(self) -> "RunStore":
+        return self
+
+    def write_text(self, name: str, text: str) -> None:
+        pass
+
+    def write_json(self, name: str, obj: Any) -> None:
+        pass
+
+    def append_jsonl(self, name: str, rows: Iterable[dict]) -> int:
+        return len(list(rows))
+
+    def truncate_jsonl(self, name: str, count: int) -> None:
+        pass
+
+    def commit(self, state: dict) -> None:
+        pass
+
+    def write_folder(self, target: Path, fill) -> Path:
+        return target
+
+    def prune(self, role: str, keep: Path) -> None:
+        pass

@@ -26,3 +26,27 @@ def test_gpu_check_dry_run(tmp_path):
     update = result["stages"]["update"]
     assert update["chunked"]["layout"] == "full_sequence" and not update["chunked"]["skipped"]
     assert [s["phase"] for s in result["stages"]["loop"]["steps"]] == ["red", "red", "blue", "blue", "eval", "eval"]
+
+
+def test_suite_table_reads_each_scripts_json(tmp_path, monkeypatch):
+    """bench/suite.py turns each script's JSON into one goal row: measured,
+    target, met. Results it cannot find are `not run`, never a guess."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import suite
+
+    results = {
+        "roofline": {"rollout": {"fraction_of_roofline": 0.31}, "update": {"fraction_of_roofline": 0.45}, "mixed_over_per_role": 2.4},
+        "sync": {"ratio": 0.125},
+        "diversity": suite.derived("diversity", {"sizes": [{"pool": 1000, "bleu_score_s": 0.05, "cos_score_s": 0.0, "asp_score_s": 8.0,
+                                                            "naive_bleu_s_est": 200.0},
+                                                           {"pool": 10000, "bleu_score_s": 0.06, "cos_score_s": 0.01, "asp_score_s": 8.0,
+                                                            "naive_bleu_s_est": 2000.0}],
+                                                 "growth_exponent_bleu": 0.1}),
+    }
+    rows = {goal: (measured, met) for goal, measured, _, met in suite.table(results)}
+    assert rows["1 rollouts vs roofline"] == ("31%", "no")
+    assert rows["2 GRPO update vs roofline"] == ("45%", "yes")
+    assert rows["3 mixed batch vs role by role"] == ("x2.40", "yes")
+    assert rows["5 adapter sync / full-weight push"] == ("0.1250", "no")
+    assert rows["6 diversity: 256 vs 10k pool lookup"] == ("0.07 s", "yes")
+    assert rows["7 ours / TRL policy update"] == ("not run", "-")

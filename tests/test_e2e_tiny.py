@@ -24,10 +24,12 @@ defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}]
 experts: {{safety_experts: 2, utility_experts: 2}}
 """
 
-STEP_FIELDS = {"iteration", "phase", "step", "reward_mean", "reward_std", "loss", "kl", "entropy", "step_seconds"}
+STEP_FIELDS = {"iteration", "phase", "step", "reward_mean", "reward_std", "loss", "kl", "entropy", "step_seconds",
+               "rollout_seconds", "update_seconds", "sync_seconds", "checkpoint_seconds"}
 PHASE_FIELDS = {
     # iteration 1: blue is untrained, i.e. the base, so `base` is skipped as a duplicate defender
-    "red": {"asr_blue", "semantic_pass_rate", "diversity_penalty", "s_bleu", "s_cos", "judge_rate_negative", "defenders"},
+    "red": {"asr_blue", "semantic_pass_rate", "diversity_penalty", "s_bleu", "s_cos", "judge_rate_negative", "defenders",
+            "seconds_defenders", "seconds_diversity"},
     "blue": {"rate_negative", "rate_rejective", "rate_positive"},
     "eval": {"accuracy", "labelled_pairs", "panel_agreement"},
 }
@@ -182,12 +184,12 @@ def test_readme_run_folder_table_matches_the_run(tiny_run):
 # rewards, advantages, the loss or the optimizer moves these numbers; if the
 # change is intended, rerun the tiny recipe and update them in the same commit.
 PINNED = [
-    ("red", 1, 0.56976, 0.129139, 6.917168, 0.0),
-    ("red", 2, 0.569818, 0.133781, 6.917037, 4.612e-06),
-    ("blue", 1, 0.518515, 0.130505, 6.91705, 0.0),
-    ("blue", 2, 0.515779, 0.14285, 6.917049, 3.089e-06),
-    ("eval", 1, 0.333333, 0.239892, 6.916712, 0.0),
-    ("eval", 2, 0.333333, 0.238889, 6.91671, 0.000132515),
+    ("red", 1, 0.572019, 0.179809, 6.917059, 0.0),
+    ("red", 2, 0.571218, 0.139566, 6.916908, 3.764e-06),
+    ("blue", 1, 0.515536, 0.158704, 6.917201, 0.0),
+    ("blue", 2, 0.516281, 0.128887, 6.917132, 8.011e-06),
+    ("eval", 1, 0.333333, 0.239088, 6.91671, 0.0),
+    ("eval", 2, 0.333333, 0.235242, 6.91672, 0.000132602),
 ]
 
 

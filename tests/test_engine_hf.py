@@ -212,3 +212,25 @@ def test_seeded_sampling_repeats_and_top_p_restricts(engine):
     narrow = engine.generate(reqs[:1], Sampling(max_new_tokens=10, temperature=1.0, top_p=1e-6, seed=1))[0]
     greedy = engine.generate(reqs[:1], Sampling(max_new_tokens=10, temperature=0.0))[0][0]
     assert all(c.token_ids == greedy.token_ids for c in narrow)
+
+
+def test_a_seeded_row_samples_the_same_however_it_is_batched(engine):
+    """Rows are seeded by (call seed + request index, sample): the second
+    request of a call seeded s samples what the first request of a call
+    seeded s + 1 samples, with or without other rows around it (what the
+    ranks of a multi-process run rely on), and an unseeded call draws its
+    seed from torch's global RNG (saved with the run)."""
+    hot = Sampling(max_new_tokens=8, temperature=1.0, seed=11)
+    both = engine.generate([Request("red", MSGS[0], n=2), Request("blue", MSGS[1], n=3)], hot)
+    alone = engine.generate([Request("blue", MSGS[1], n=3)], Sampling(max_new_tokens=8, temperature=1.0, seed=12))
+    assert [c.token_ids for c in both[1]] == [c.token_ids for c in alone[0]]
+    assert len({tuple(c.token_ids) for c in both[1]}) > 1  # samples of one request differ
+    choice = ("Label: negative", "Label: rejective", "Label: positive")
+    picks = engine.generate([Request("eval", MSGS[0], n=6, choices=choice), Request("eval", MSGS[1], n=6, choices=choice)], hot)
+    single = engine.generate([Request("eval", MSGS[1], n=6, choices=choice)], Sampling(max_new_tokens=8, temperature=1.0, seed=12))
+    assert [c.text for c in picks[1]] == [c.text for c in single[0]]
+    torch.manual_seed(5)
+    a = engine.generate([Request("red", MSGS[0], n=2)], Sampling(max_new_tokens=8, temperature=1.0))
+    torch.manual_seed(5)
+    b = engine.generate([Request("red", MSGS[0], n=2)], Sampling(max_new_tokens=8, temperature=1.0))
+    assert [c.token_ids for c in a[0]] == [c.token_ids for c in b[0]]

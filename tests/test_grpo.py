@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from lora_triplay.distributed import Collective
 from lora_triplay.grpo import GrpoLearner, Sample, group_advantages
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig
@@ -41,7 +42,7 @@ def test_group_advantages_unscaled_and_dropped():
 def test_loss_normalisers(loss_type, expected):
     cfg = GrpoConfig(loss_type=loss_type, max_new_tokens=8)
     learner = GrpoLearner.__new__(GrpoLearner)
-    learner.cfg, learner.max_new_tokens = cfg, cfg.max_new_tokens
+    learner.cfg, learner.max_new_tokens, learner.collective = cfg, cfg.max_new_tokens, Collective(world=1)
     assert learner._normaliser([2, 4]) == pytest.approx(expected)
 
 

@@ -66,3 +66,21 @@ def test_adapter_from_another_base_is_refused(role_model, tmp_path):
               str(tmp_path / "adapter_model.safetensors"))
     with pytest.raises(ModelError, match="another base"):
         load_adapter_weights(model, "blue", tmp_path)
+
+
+@pytest.mark.parametrize("adapter", ["red", "blue", "evaluator"])
+def test_saved_adapter_state_equals_peft_own(role_model, tmp_path, adapter):
+    """The direct read of a plain LoRA's A/B matrices writes exactly what
+    PEFT's get_peft_model_state_dict would: same keys, same tensors."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from lora_triplay.model import save_adapter
+
+    model, _ = role_model
+    save_adapter(model, adapter, tmp_path, "base")
+    saved = load_file(tmp_path / "adapter_model.safetensors")
+    peft_state = get_peft_model_state_dict(model, adapter_name=adapter)
+    assert sorted(saved) == sorted(peft_state)
+    for key, value in peft_state.items():
+        assert torch.equal(saved[key], value.detach().cpu()), key

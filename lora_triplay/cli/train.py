@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -17,6 +20,21 @@ def _default_run_dir(recipe, recipe_path: Path) -> Path:
     return Path(recipe.run.root) / name
 
 
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "accelerate" / "2proc-1node.yaml"
+
+
+def _relaunch(nproc: int, config: Optional[Path], recipe_path: Path, overrides: list[str], folder: Path, flags: list[str]) -> None:
+    """`run --nproc N`: the same command under `accelerate launch`, N
+    processes on this machine (GPUs if there are, gloo on the CPU if not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise UserError("--nproc needs accelerate: pip install accelerate")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config or ACCELERATE_CONFIG),
+           "--num_processes", str(nproc), "-m", "lora_triplay.cli", "run", str(recipe_path), *overrides, "--run-dir", str(folder), *flags]
+    raise typer.Exit(subprocess.call(cmd))
+
+
 def run(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/smoke.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides, e.g. phases.red.steps=1 iterations=2"),
@@ -25,22 +43,32 @@ def run(
     allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="on --resume, accept a recipe that differs from the saved one"),
     skip_plan_check: bool = typer.Option(False, "--skip-plan-check", help="on CUDA, start even if `plan` says the recipe does not fit"),
     debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="processes on this machine, through `accelerate launch` (data parallel)"),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: recipes/accelerate/2proc-1node.yaml)"),
 ) -> None:
     """Train red, blue and eval in turn with GRPO.
 
     Example: `lora-triplay run recipes/smoke.yaml phases.red.steps=1 iterations=1`
     """
-    logging.basicConfig(level=logging.INFO if not debug else logging.DEBUG, format="%(message)s")
+    follower = int(os.environ.get("RANK", "0")) != 0  # ranks > 0 of a multi-process run stay quiet
+    logging.basicConfig(level=logging.WARNING if follower else logging.DEBUG if debug else logging.INFO, format="%(message)s")
     try:
         from ..recipe import load_recipe
 
         recipe = load_recipe(recipe_path, overrides or [])
         if resume and run_dir is None:
             raise UserError("--resume needs --run-dir DIR: the run folder to continue")
+        if run_dir is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError("several processes need one run folder: pass --run-dir DIR (or launch with `lora-triplay run --nproc N`)")
         folder = run_dir or _default_run_dir(recipe, recipe_path)
+        if nproc > 1:
+            flags = [f for f, on in (("--resume", resume), ("--allow-recipe-change", allow_recipe_change),
+                                     ("--skip-plan-check", skip_plan_check), ("--debug", debug)) if on]
+            _relaunch(nproc, accelerate_config, recipe_path, list(overrides or []), folder, flags)
         from ..progress import run_with_progress
 
-        run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=not skip_plan_check)
+        run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=not skip_plan_check,
+                          quiet=follower)
     except USER_ERRORS as exc:
         fail(exc, debug)
 

@@ -123,24 +123,36 @@ class ChatTokens:
         return choice, gen
 
 
-def choose(engine, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
+def row_seed(seed: int, request: int, sample: int) -> int:
+    """The generator seed of one sampled row: sample `sample` of request
+    `request` (its index in the engine call) in a call seeded `seed`. Both
+    engines seed rows this way, so a row samples the same tokens however the
+    batch around it is made up (and on whichever rank serves it)."""
+    return ((seed + request) * 1_000_003 + sample) % (2**63 - 1)
+
+
+def choose(engine, requests: Sequence[Request], sampling: Sampling, indices: Sequence[int] | None = None) -> list[list[Completion]]:
     """Forced choice from the engine's `score_choices`, shared by both
     backends so the same scores give the same picks: greedy takes the most
-    likely choice, sampling draws from softmax(total log-prob / temperature).
-    `choice_probs` is the untempered softmax, for expected-value rewards."""
+    likely choice, sampling draws from softmax(total log-prob / temperature),
+    seeded per row from `sampling.seed` when given (`indices`: each
+    request's index in the engine call). `choice_probs` is the untempered
+    softmax, for expected-value rewards."""
     import torch
 
     results = []
-    for req, per_choice in zip(requests, engine.score_choices(requests)):
+    indices = list(range(len(requests))) if indices is None else list(indices)
+    for r_i, req, per_choice in zip(indices, requests, engine.score_choices(requests)):
         totals = torch.tensor([sum(lp) for lp in per_choice])
         probs = torch.softmax(totals, -1).tolist()
         prompt = engine.encode(req.messages)
         comps = []
-        for _ in range(req.n):
+        for k in range(req.n):
             if sampling.greedy:
                 pick = int(totals.argmax())
             else:
-                pick = int(torch.multinomial(torch.softmax(totals / sampling.temperature, -1), 1))
+                gen = None if sampling.seed is None else torch.Generator().manual_seed(row_seed(sampling.seed, r_i, k))
+                pick = int(torch.multinomial(torch.softmax(totals / sampling.temperature, -1), 1, generator=gen))
             choice = req.choices[pick]
             comps.append(Completion(req.adapter, choice, prompt, engine.choice_ids(choice), per_choice[pick], True, choice_probs=probs))
         results.append(comps)

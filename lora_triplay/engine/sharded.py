@@ -1,0 +1,43 @@
+"""One engine call split across the ranks of a multi-process run.
+
+Every rank runs the same loop on the same data, so every rank makes the
+same engine calls with the same requests. Each rank serves its contiguous
+block of the requests (a request is a GRPO group: its `n` samples stay on
+one rank) and the completions are gathered back in order, so rewards,
+metrics and pools come out identical on every rank without a second code
+path. Sampling is seeded per request (`base.row_seed`) from one draw of the
+global RNG that every rank makes alike: a request samples the same tokens
+on whichever rank serves it, and the run resumes exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import torch
+
+from ..distributed import Collective
+from .base import Completion, Request, Sampling
+
+
+class ShardedEngine:
+    def __init__(self, inner, collective: Collective):
+        self.inner, self.collective = inner, collective
+
+    def __getattr__(self, name):  # adapters, encode, sync, sleep ...: the rank's own engine
+        return getattr(self.inner, name)
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
+        if sampling.seed is None and not sampling.greedy:
+            sampling = replace(sampling, seed=int(torch.randint(0, 2**31 - 1, (1,))))
+        start, mine = self.collective.block(list(requests))
+        local = self.inner.generate(mine, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start))
+        out = [comps for part in self.collective.gather(local) for comps in part]
+        for r_i, comps in enumerate(out):
+            for comp in comps:
+                comp.request_index = r_i
+        return out
+
+    def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
+        _, mine = self.collective.block(list(requests))
+        return [scores for part in self.collective.gather(self.inner.score_choices(mine)) for scores in part]

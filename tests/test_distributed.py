@@ -1,0 +1,163 @@
+"""Two processes (gloo on the CPU, launched by `accelerate launch`) take the
+same GRPO step as one process on the whole batch: each rank trains on its
+block of groups, gradients are summed across ranks, and both ranks end with
+the adapter one process would have."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_triplay.distributed import Collective
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "dist_worker.py"
+
+
+def test_blocks_are_contiguous_and_cover_everything():
+    items = list(range(7))
+    blocks = []
+    for rank in range(3):
+        c = Collective(world=1)
+        c.rank, c.world = rank, 3
+        start, block = c.block(items)
+        assert block == items[start : start + len(block)]
+        blocks.append(block)
+    assert blocks == [[0, 1, 2], [3, 4], [5, 6]]
+    assert Collective(world=1).block(items) == (0, items)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "token_mean"])
+def test_two_ranks_take_the_one_process_step(tiny_model_dir, tmp_path, loss_type):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    one = subprocess.run([sys.executable, str(WORKER), tiny_model_dir, str(tmp_path / "one"), loss_type],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes" / "accelerate" / "2proc-1node.yaml"),
+              "--main_process_port", str(_free_port()), str(WORKER), tiny_model_dir, str(tmp_path / "two"), loss_type]
+    two = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    ref = torch.load(tmp_path / "one.rank0")
+    ranks = [torch.load(tmp_path / f"two.rank{r}") for r in (0, 1)]
+    assert ref["world"] == 1 and [r["world"] for r in ranks] == [2, 2]
+    for r in ranks:
+        assert r["tokens"] == ref["tokens"]
+        assert r["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+        assert r["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+        for key, value in ref["state"].items():
+            assert torch.allclose(r["state"][key], value, atol=1e-5), key
+    for key in ref["state"]:
+        assert torch.equal(ranks[0]["state"][key], ranks[1]["state"][key]), f"ranks differ on {key}"
+
+
+RECIPE = """\
+model: {{base: "{base}", device: cpu, dtype: float32}}
+lora: {{rank: 4, alpha: 8}}
+iterations: 2
+phases: {{red: {{steps: 1}}, blue: {{steps: 1}}, eval: {{steps: 1}}}}
+grpo: {{group_size: 2, prompts_per_step: 3, lr: 1.0e-3, max_new_tokens: 8}}
+rewards: {{judge_mode: choice, embedding_model: hashing}}
+defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}, {{name: blue@-1, weight: 0.3}}]
+experts: {{safety_experts: 2, utility_experts: 2}}
+"""
+
+
+def _run(recipe: Path, run_dir: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("LORA_TRIPLAY_CRASH_AT", None)
+    if crash:
+        env["LORA_TRIPLAY_CRASH_AT"] = crash
+    cmd = [sys.executable, "-m", "lora_triplay", "run", str(recipe), "--run-dir", str(run_dir), *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _final(run: Path) -> dict:
+    import json
+
+    from safetensors.torch import load_file
+
+    state = json.loads((run / "state.json").read_text())
+    adapters = {role: load_file(run / state["checkpoints"][role] / "adapter_model.safetensors") for role in ("red", "blue", "eval")}
+    metrics = [{k: v for k, v in json.loads(line).items() if "seconds" not in k} for line in (run / "metrics.jsonl").read_text().splitlines()]
+    data = {name: [json.loads(x) for x in (run / f"{name}.jsonl").read_text().splitlines()] for name in ("asp", "eval_pairs", "panel", "transcripts")}
+    return {"state": state, "adapters": adapters, "metrics": metrics, "data": data}
+
+
+def _close(x, y) -> bool:
+    """Equal, floats within 1e-5 (a row's numbers come from batches made up
+    differently on each rank: the same maths, another summation order)."""
+    if isinstance(x, float) and isinstance(y, float):
+        return abs(x - y) <= 1e-5 * max(1.0, abs(x))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_close(x[k], y[k]) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_close(a, b) for a, b in zip(x, y))
+    return x == y
+
+
+def _assert_same_run(a: dict, b: dict) -> None:
+    for name, rows in a["data"].items():  # every rollout, label and pool row, in the same order
+        assert _close(rows, b["data"][name]), name
+    assert len(a["metrics"]) == len(b["metrics"])
+    for x, y in zip(a["metrics"], b["metrics"]):
+        assert x.keys() == y.keys()
+        for key, value in x.items():
+            assert y[key] == (pytest.approx(value, rel=1e-4, abs=1e-5) if isinstance(value, float) else value), (x["phase"], key)
+    for role, weights in a["adapters"].items():
+        for key, value in weights.items():
+            assert torch.allclose(b["adapters"][role][key], value, atol=1e-5), (role, key)
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist-e2e")
+    (root / "r.yaml").write_text(RECIPE.format(base=tiny_model_dir))
+    proc = _run(root / "r.yaml", root / "one")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, _final(root / "one")
+
+
+@pytest.mark.slow
+def test_two_process_run_equals_one_process_run(one_process_run):
+    """`run --nproc 2`: each rank serves half of every engine call and
+    trains on half of the groups; the run folder equals one process's
+    (data rows exactly, metrics and adapters within 1e-5), and the ranks
+    checked at every phase end that they hold the same adapter."""
+    root, ref = one_process_run
+    proc = _run(root / "r.yaml", root / "two", "--nproc", "2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "ranks agree on the eval adapter (2 processes)" in proc.stdout + proc.stderr
+    two = _final(root / "two")
+    assert two["state"]["world_size"] == 2
+    _assert_same_run(ref, two)
+
+
+@pytest.mark.slow
+def test_two_process_run_killed_and_resumed_equals_the_uninterrupted_one(one_process_run):
+    root, ref = one_process_run
+    crashed = _run(root / "r.yaml", root / "killed", "--nproc", "2", crash="commit:5")
+    assert crashed.returncode != 0
+    state = __import__("json").loads((root / "killed" / "state.json").read_text())
+    assert not state["done"]
+    resumed = _run(root / "r.yaml", root / "killed", "--nproc", "2", "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    _assert_same_run(ref, _final(root / "killed"))
+
+
+def test_several_processes_need_a_run_folder(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lora_triplay", "run", str(ROOT / "recipes" / "tiny.yaml")],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "--run-dir" in proc.stderr
