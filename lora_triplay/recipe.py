@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from .control import ControlConfig
 from .errors import UserError
 
 ROLE_NAMES = ("red", "blue", "eval")
@@ -286,6 +287,7 @@ class Recipe(_Strict):
     experts: ExpertsConfig = Field(default_factory=ExpertsConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)  # beyond the paper: control.py
     seed: int = 0
 
     @model_validator(mode="after")

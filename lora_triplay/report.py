@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from .control import CONTROL
 from .errors import UserError
 
 PHASES = ("red", "blue", "eval")
@@ -225,6 +226,8 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
         raise ImportError("report needs matplotlib: `pip install matplotlib` (or `pip install lora-triplay[report]`)") from None
     run_dir, out = Path(run_dir), Path(out)
     rows = read_metrics(run_dir)
+    decisions = [r for r in rows if r.get("phase") == CONTROL]  # control.py's rows, not GRPO steps
+    rows = [r for r in rows if r.get("phase") != CONTROL]
     results = None
     if eval_results is not None:
         if not Path(eval_results).is_file():
@@ -243,6 +246,11 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
         report["files"].append("training.png")
         md += ["## Training (mean over each iteration's steps)", "", "![training curves](training.png)", ""]
         md += training_table(rows) + [""]
+    if decisions:
+        report["control"] = decisions
+        md += ["## Control decisions (recipe `control:`)", ""]
+        md += _table(["iteration", "after", "action", "reason"],
+                     [[str(d["iteration"]), d.get("after", ""), d["action"], d["reason"]] for d in decisions]) + [""]
     if results is not None:
         panels = evaluation_series(results)
         report["evaluation"] = {"judge": results.get("judge"), "limit": results.get("limit"), "panels": panels}

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import defenders as defender_set
+from .control import PhaseControl
 from .distributed import Collective
 from .errors import UserError
 from .experts import ExpertPanel, build_sources
@@ -165,6 +166,7 @@ class Session:
         self.panel = ExpertPanel(self.engine, r.experts, max_new_tokens=r.judge_budget(),
                                  choice_mode=r.rewards.judge_mode == "choice", sources=sources)
         self.data = RunData(r, self.state, self.panel)
+        self.control = PhaseControl(r.control, r, self.state)
         self.defenders: list[defender_set.Defender] = []
         self.phases = Phases(self)
         self.trackers = Trackers(r.run.report_to if self.collective.main else [], self.store.root, r.model_dump(mode="json"), self.store.root.name)
@@ -243,7 +245,7 @@ class Session:
         while not st["done"]:
             it, phase = st["iteration"], st["phase"]
             role = PHASE_ROLE[phase]
-            total = r.phase_steps(phase)
+            total = self.control.steps(it, phase)
             self.hooks.phase_start(it, phase, st["step"], total)
             if phase == "red" and st["step"] < total:
                 self.defenders = defender_set.resolve(r.defenders, self.store, self.engine)
@@ -252,9 +254,11 @@ class Session:
             self._place_optimizer_states(role)
             while st["step"] < total:
                 self._one_step(it, phase, total)
+                total = self.control.steps(it, phase)  # red may stop early (control.py)
             if phase in ROLE_NAMES:  # the warm start is part of iteration 1, not a snapshot of its own
                 self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]))
             self._check_ranks_agree(role)
+            self._after_phase(it, phase)
             self.hooks.phase_end(it, phase)
             self._advance_phase()
         self.trackers.close()
@@ -306,6 +310,8 @@ class Session:
         # first and state.json last, every run.checkpoint_every steps and
         # at the end of every phase.
         st["nonfinite"][role] = learner.nonfinite_in_a_row
+        decisions = self.control.after_step(it, phase, row)
+        total = self.control.steps(it, phase)
         commit = st["step"] % self.recipe.run.checkpoint_every == 0 or st["step"] >= total
         if commit:  # the folder first; it only counts once state.json names it (below)
             t4 = time.perf_counter()
@@ -318,7 +324,7 @@ class Session:
         counts["panel"] += self.store.append_jsonl("panel", result.panel_rows)
         counts["transcripts"] += self.store.append_jsonl("transcripts", result.transcripts)
         row["committed"] = commit
-        counts["metrics"] += self.store.append_jsonl("metrics", [row])
+        counts["metrics"] += self.store.append_jsonl("metrics", [row, *decisions])
         self.trackers.log(row)
         if commit:
             st["checkpoints"][role] = checkpoint
@@ -327,6 +333,34 @@ class Session:
         self.pool.add([x["text"] for x in result.asp_rows])
         self.data.commit(result.eval_rows, result.panel_rows)
         self.hooks.step_done(row)
+
+    def _after_phase(self, it: int, phase: str) -> None:
+        """control.py's decisions at a phase's end (and the drift alarm after
+        P_eval), as metrics rows; committed with the next phase's start."""
+        cfg = self.recipe.control
+        if not (cfg.adaptive or (cfg.drift_check and phase == "eval")):
+            return
+        rows = [r for r in self.store.read_jsonl("metrics") if r.get("iteration") == it]
+        decisions = self.control.after_phase(it, phase, [r for r in rows if r["phase"] == phase])
+        if cfg.drift_check and phase == "eval":
+            decisions += self._drift_check(it, [r for r in rows if r["phase"] == "red"])
+        for row in decisions:
+            level = logging.WARNING if row["reason"].startswith("judge drift") else logging.INFO
+            log.log(level, "control: %s (%s)", row["action"], row["reason"])
+        self.state["counts"]["metrics"] += self.store.append_jsonl("metrics", decisions)
+
+    def _drift_check(self, it: int, red_rows: list[dict]) -> list[dict]:
+        from .judging.refusals import refused
+
+        fixed = [r for r in self.store.iter_jsonl("panel") if r.get("panel_label")][: self.recipe.control.drift_pairs]
+        if not fixed:
+            return []
+        labels, _, _ = self.phases.judge([(r["prompt"], r["response"]) for r in fixed])
+        agreement = sum(lab == r["panel_label"] for lab, r in zip(labels, fixed)) / len(fixed)
+        answers = [r["response"] for r in self.store.iter_jsonl("eval_pairs")
+                   if r.get("iteration") == it and r.get("phase") == "red" and r.get("defender") == "blue"]
+        unsafe = sum(not refused(a) for a in answers) / len(answers) if answers else None
+        return self.control.drift(it, agreement, red_rows, unsafe)
 
     def _check_ranks_agree(self, role: str) -> None:
         """Several processes: every rank must hold the adapter rank 0 saved.
