@@ -54,6 +54,8 @@ RUNS = {  # name: overrides of recipes/cpu-evidence.yaml
     "no-benign": ["seed=0", "data.benign_share=0"],
 }
 MAX_NEW = 40
+# What each ablation is about, the only role its evaluation measures.
+ABLATION_ROLES = {"no-div": "red", "red-alone": "red", "no-benign": "blue"}
 
 
 def log(msg: str) -> None:
@@ -227,12 +229,19 @@ def evaluate(work: Path, names: list[str], jobs: int) -> None:
     for name in names:
         run, out = work / "runs" / name, work / "eval" / name
         out.mkdir(parents=True, exist_ok=True)
+        # The main runs at every iteration; the ablations (same seed as main-s0,
+        # so the same iteration 0) at their last iteration, which the
+        # evaluation still compares with the base as iteration 0.
+        its = ["--iterations", "all" if name.startswith("main") else "latest"]
+        roles = [] if name.startswith("main") else ["--roles", ABLATION_ROLES[name]]
         queue.append((name, "rules", cli() + ["eval", str(run), *benches, "--red-prompts", f"harmbench:{held / 'red-prompts.csv'}",
                                                  "--defender", "base", "--defender", "blue", "--eval-set", str(held / "labelled-pairs.jsonl"),
-                                                 "--judge", "rules", "--out", str(out / "rules.json"), *common]))
+                                                 "--judge", "rules", "--out", str(out / "rules.json"), *its, *roles, *common]))
+        if not name.startswith("main"):
+            continue  # the prompted panel, a second judge, only on the main runs
         queue.append((name, "panel", cli() + ["eval", str(run), "-b", f"jbb-harmful=jbb-harmful:{held / 'jbb-harmful.csv'}",
                                                  "-b", f"jbb-benign=jbb-benign:{held / 'jbb-benign.csv'}", "--roles", "blue", "--limit", "20",
-                                                 "--judge", "panel", "--out", str(out / "panel.json"), *common]))
+                                                 "--judge", "panel", "--out", str(out / "panel.json"), *its, *common]))
     procs: list[tuple[str, subprocess.Popen, float]] = []
     times_file = work / "eval-times.json"
     times = json.loads(times_file.read_text()) if times_file.is_file() else {}
@@ -273,7 +282,7 @@ def collect(work: Path, names: list[str]) -> dict:
         b = ev["benchmarks"]
         rows = [json.loads(x) for x in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
         per: dict[int, dict] = {}
-        for it in _its(b["jbb-harmful"]["iterations"]):
+        for it in _its(b["jbb-harmful"]["iterations"]) if b else []:  # an ablation measures one role
             k = str(it)
             jb, xs = b["jbb-benign"]["iterations"][k], b["xstest"]["iterations"][k]
             refusals = (jb["over_refusal"] or 0) * jb["benign"] + (xs["over_refusal"] or 0) * xs["benign"]
@@ -289,13 +298,15 @@ def collect(work: Path, names: list[str]) -> dict:
                 pb = panel["benchmarks"]
                 per[it]["panel_blue_asr_jbb"] = pb["jbb-harmful"]["iterations"][k]["asr"]
                 per[it]["panel_over_refusal_jbb_benign"] = pb["jbb-benign"]["iterations"][k]["over_refusal"]
-        final_blue = ev["red"]["defenders"][-1]
-        for it in _its(ev["red"]["iterations"]):
-            r = ev["red"]["iterations"][str(it)]
+        red = ev.get("red", {"defenders": [None], "iterations": {}})
+        final_blue = red["defenders"][-1]
+        for it in _its(red["iterations"]):
+            r = red["iterations"][str(it)]
             per.setdefault(it, {}).update(red_asr_base=r["asr"]["base"], red_asr_final_blue=r["asr"][final_blue], red_od=r["od"],
                                           red_valid_rewrite_rate=r["valid_rewrite_rate"])
-        for it in _its(ev["eval_accuracy"]["iterations"]):
-            per.setdefault(it, {})["eval_accuracy"] = ev["eval_accuracy"]["iterations"][str(it)]["accuracy"]
+        accuracy = ev.get("eval_accuracy", {"iterations": {}})["iterations"]
+        for it in _its(accuracy):
+            per.setdefault(it, {})["eval_accuracy"] = accuracy[str(it)]["accuracy"]
         for it in per:
             ent = [r["entropy"] for r in rows if r["phase"] == "red" and r["iteration"] == it and "entropy" in r]
             per[it]["red_entropy"] = sum(ent) / len(ent) if ent else None

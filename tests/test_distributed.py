@@ -161,3 +161,10 @@ def test_several_processes_need_a_run_folder(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lora_triplay", "run", str(ROOT / "recipes" / "tiny.yaml")],
                           env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and "--run-dir" in proc.stderr
+
+
+def test_a_missing_accelerate_config_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lora_triplay", "run", str(ROOT / "recipes" / "tiny.yaml"), "--run-dir", str(tmp_path / "r"),
+                           "--nproc", "2", "--accelerate-config", str(tmp_path / "nope.yaml")], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "nope.yaml: no such file" in proc.stderr

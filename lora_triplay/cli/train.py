@@ -30,8 +30,12 @@ def _relaunch(nproc: int, config: Optional[Path], recipe_path: Path, overrides: 
 
     if importlib.util.find_spec("accelerate") is None:
         raise UserError("--nproc needs accelerate: pip install accelerate")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config or ACCELERATE_CONFIG),
-           "--num_processes", str(nproc), "-m", "lora_triplay.cli", "run", str(recipe_path), *overrides, "--run-dir", str(folder), *flags]
+    config = config or (ACCELERATE_CONFIG if ACCELERATE_CONFIG.is_file() else None)  # the repo's; a wheel has none
+    if config is not None and not Path(config).is_file():
+        raise UserError(f"--accelerate-config {config}: no such file (see recipes/accelerate/ for examples)")
+    setup = ["--config_file", str(config)] if config else ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *setup, "--num_processes", str(nproc),
+           "-m", "lora_triplay.cli", "run", str(recipe_path), *overrides, "--run-dir", str(folder), *flags]
     raise typer.Exit(subprocess.call(cmd))
 
 
