@@ -19,7 +19,8 @@ from .faults import crash_point
 from .grpo import Sample, group_advantages
 from .judging.parsing import extract_wrapped_prompt, parse_label
 from .judging.refusals import refused
-from .recipe import LABELS
+from .league import assign_writers, league_defenders
+from .recipe import LABELS, DefenderConfig
 from .rewards import (
     attack_succeeded,
     blue_reward,
@@ -217,9 +218,14 @@ class Phases:
             "defenders": float(len(defenders)),
             "completion_tokens": _mean(len(x.completion.token_ids) for x in rollouts),
         }
+        success = self.s.recipe.rewards.success_class
         for d in defenders:
             judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
-            metrics[f"asr_{d.name}"] = _mean([float(c == self.s.recipe.rewards.success_class) for c in judged])
+            metrics[f"asr_{d.name}"] = _mean([float(c == success) for c in judged])
+        members = {d.name for d in league_defenders(self.s.recipe.league, DefenderConfig)} & {d.name for d in defenders}
+        if members:  # red against the past blues (league.py), pooled
+            judged = [x.labels[n] for x in valid for n in members if x.labels[n] is not None]
+            metrics["asr_league"] = _mean([float(c == success) for c in judged])
         return metrics
 
     def _set_advantages(self, samples: list[Sample]) -> None:
@@ -228,22 +234,24 @@ class Phases:
             smp.advantage = adv
 
     # ---------------------------------------------------------------- blue
-    def blue_prompts(self, count: int) -> list[tuple[str, str, str]]:
-        """(basic request, prompt blue sees, kind) for one blue step: the
-        latest red's wraps of seed requests, plus the benign stream asked as
-        it is (`data.benign_share`)."""
+    def blue_prompts(self, count: int) -> list[tuple[str, str, str, str]]:
+        """(basic request, prompt blue sees, kind, writer) for one blue step:
+        the latest red's wraps of seed requests (some by past reds with a
+        league), plus the benign stream asked as it is (`data.benign_share`)."""
         s = self.s
         n_benign = s.data.benign_count(count)
         items = s.data.next_seed_items(count - n_benign)
-        wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.sampling["red"])
-        harmful = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
-        benign = [(b.prompt, b.prompt, "benign") for b in s.data.next_benign(n_benign)]
+        # Who wraps each request: the current red, or a past one (league.py)
+        writers = assign_writers(len(items), s.recipe.league.attacker_share, s.attackers, f"{s.recipe.seed}:league:{s.state['global_step']}")
+        wraps = self.generate("red", [Request(w, red_messages(b.prompt, t)) for (b, t), w in zip(items, writers)], self.sampling["red"])
+        harmful = [(b.prompt, extract_wrapped_prompt(x[0].text) or b.prompt, "harmful", w) for (b, _), x, w in zip(items, wraps, writers)]
+        benign = [(b.prompt, b.prompt, "benign", "benign") for b in s.data.next_benign(n_benign)]
         return harmful + benign
 
     def blue_step(self, iteration: int, step: int) -> StepResult:
         r = self.s.recipe
         prompts = self.blue_prompts(r.prompts_of("blue"))
-        comps = self.generate("blue", [Request("blue", blue_messages(x), n=r.group_size_of("blue")) for _, x, _ in prompts], self.sampling["blue"])
+        comps = self.generate("blue", [Request("blue", blue_messages(x), n=r.group_size_of("blue")) for _, x, _, _ in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
         samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_class_values)) for (g, _, c), lab in zip(flat, soft)]
@@ -260,6 +268,10 @@ class Phases:
                 metrics.update(_rates([lab for lab, _ in mine], f"{kind}_rate_"))
                 # a fixed monitor beside eval's opinion: the refusal rules (over-refusal on benign prompts)
                 metrics[f"{kind}_refusal_rate"] = _mean([float(refused(c.text)) for _, c in mine])
+        old_attacks = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[3].startswith("red@")]
+        if old_attacks:  # blue against attacks written by past reds (league.py)
+            metrics.update(_rates([lab for lab, _ in old_attacks], "league_rate_"))
+            metrics["league_refusal_rate"] = _mean([float(refused(c.text)) for _, c in old_attacks])
         metrics["completion_tokens"] = _mean(len(c.token_ids) for _, _, c in flat)
         transcripts = [
             {"phase": "blue", "iteration": iteration, "step": step, "kind": p[2], "prompt": p[1], "response": c.text, "label": lab}

@@ -23,6 +23,7 @@ from pydantic import (
 
 from .control import ControlConfig
 from .errors import UserError
+from .league import LeagueConfig
 
 ROLE_NAMES = ("red", "blue", "eval")
 # eval's three classes (method.md): every module takes them from here
@@ -288,6 +289,7 @@ class Recipe(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)  # beyond the paper: control.py
+    league: LeagueConfig = Field(default_factory=LeagueConfig)  # beyond the paper: league.py
     seed: int = 0
 
     @model_validator(mode="after")

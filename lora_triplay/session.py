@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import defenders as defender_set
+from . import league
 from .control import PhaseControl
 from .distributed import Collective
 from .errors import UserError
@@ -36,7 +37,14 @@ from .model import (
     pick_device,
     save_adapter,
 )
-from .recipe import ROLE_NAMES, Recipe, RecipeError, build_recipe, diff_recipes
+from .recipe import (
+    ROLE_NAMES,
+    DefenderConfig,
+    Recipe,
+    RecipeError,
+    build_recipe,
+    diff_recipes,
+)
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
 from .rundata import RunData
 from .store import JSONL, FollowerStore, RunStore, restore_rng, rng_state
@@ -168,6 +176,7 @@ class Session:
         self.data = RunData(r, self.state, self.panel)
         self.control = PhaseControl(r.control, r, self.state)
         self.defenders: list[defender_set.Defender] = []
+        self.attackers: list[tuple[str, float]] = []  # league members writing blue's prompts (league.py)
         self.phases = Phases(self)
         self.trackers = Trackers(r.run.report_to if self.collective.main else [], self.store.root, r.model_dump(mode="json"), self.store.root.name)
         self.learners: dict[str, GrpoLearner] = {}
@@ -248,7 +257,10 @@ class Session:
             total = self.control.steps(it, phase)
             self.hooks.phase_start(it, phase, st["step"], total)
             if phase == "red" and st["step"] < total:
-                self.defenders = defender_set.resolve(r.defenders, self.store, self.engine)
+                members = league.league_defenders(r.league, DefenderConfig)
+                self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine)
+            if phase == "blue" and st["step"] < total:
+                self.attackers = league.resolve_attackers(r.league, self.store, self.engine)
             activate(self.model, ROLE_ADAPTERS[role])
             self.model.eval()
             self._place_optimizer_states(role)

@@ -27,7 +27,9 @@ rewards: {{judge_mode: choice, embedding_model: hashing}}
 defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}, {{name: blue@1, weight: 0.5}}, {{name: blue@-1, weight: 0.3}}]
 experts: {{safety_experts: 2, utility_experts: 2}}
 control: {control}
+league: {league}
 """
+LEAGUE = "{size: 2, weight: 0.4, attacker_share: 1.0}"
 CONTROL = "{adaptive: true, red_asr_high: 0.0, extra_steps: 1, drift_check: true, drift_pairs: 4, drift_drop: 0.0}"
 # Each entry: the moment the process kills itself (n-th time it gets there).
 CRASHES = ["generate:3", "optimizer:2", "checkpoint:2", "snapshot:3", "commit:4"]
@@ -68,13 +70,14 @@ def runs(request, tmp_path_factory, tiny_model_dir):
     commit mid-phase, one at its end; kills between commits lose steps
     that the resume must redo exactly). The second also has eval's warm
     start, blue's benign stream and control.py's adaptive phases and drift
-    checks, whose cursors, pools and decisions must resume too."""
+    checks, and a league of past adapters, whose cursors, pools and decisions
+    must resume too."""
     every = request.param
     root = tmp_path_factory.mktemp(f"resume-{every}")
     recipe = root / "recipe.yaml"
     recipe.write_text(RECIPE.format(base=tiny_model_dir, every=every, red_steps=2 if every == 1 else 4,
                                     warmup=0 if every == 1 else 2, benign=0.0 if every == 1 else 0.5,
-                                    control="{}" if every == 1 else CONTROL))
+                                    control="{}" if every == 1 else CONTROL, league="{}" if every == 1 else LEAGUE))
     reference = _cli(recipe, root / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     killed = root / "killed"

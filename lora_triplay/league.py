@@ -1,0 +1,94 @@
+"""A league of past adapters (recipe section `league:`, off by default).
+
+Self-play can cycle: red forgets how to beat old defenders, blue forgets old
+attacks. Every past iteration of every role is already on disk as a LoRA
+snapshot of the same base, so keeping a league costs one adapter slot per
+member, not a model:
+  - defenders: `blue@-1 .. blue@-size` join red's multi-defender reward,
+    `weight` in all, split uniformly or biased to the recent ones;
+  - attackers: `attacker_share` of blue's harmful training prompts are
+    written by `red@-1 .. red@-size` instead of the current red (sampled
+    with the same weights), so blue keeps meeting old attacks.
+Members are snapshots, resolved and deduplicated like the recipe's own
+defenders (defenders.py); red's metrics gain `asr_league` (its ASR against
+the league members that answered) and blue's `league_refusal_rate` and
+`league_rate_*` on the prompts old reds wrote.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .defenders import ZERO, fingerprint
+
+log = logging.getLogger(__name__)
+
+
+class LeagueConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    size: int = Field(0, ge=0, le=64, description="past iterations kept in the league (0: no league)")
+    weight: float = Field(0.5, ge=0.0, description="total weight of the league's defenders in red's reward")
+    sampling: Literal["uniform", "recent"] = Field("uniform", description="uniform, or recent (weights halve per iteration back)")
+    attacker_share: float = Field(0.0, ge=0.0, le=1.0, description="share of blue's harmful prompts written by past reds")
+
+
+def member_weights(cfg: LeagueConfig) -> list[float]:
+    """Weight of member k = 1..size (k iterations back), summing to 1."""
+    raw = [1.0 if cfg.sampling == "uniform" else 0.5 ** k for k in range(cfg.size)]
+    return [w / sum(raw) for w in raw]
+
+
+def league_defenders(cfg: LeagueConfig, defender_type) -> list:
+    """`blue@-k` defenders (built with the recipe's DefenderConfig type)."""
+    if not cfg.size or not cfg.weight:
+        return []
+    return [defender_type(name=f"blue@-{k}", weight=cfg.weight * w) for k, w in enumerate(member_weights(cfg), 1)]
+
+
+def resolve_attackers(cfg: LeagueConfig, store, engine) -> list[tuple[str, float]]:
+    """(engine adapter name, weight) of the past reds that write blue's
+    league prompts this phase: loaded into the engine, skipping snapshots
+    equal to the current red or to each other (untrained ones are `base`
+    weights and write nothing a red would)."""
+    if not cfg.size or not cfg.attacker_share:
+        return []
+    snaps = store.snapshots("red")
+    latest = max(snaps) if snaps else 0
+    seen = {fingerprint(store.snapshot_dir("red", latest)) if snaps else ZERO, ZERO}
+    out = []
+    for k, w in enumerate(member_weights(cfg), 1):
+        at = latest - k
+        if at < 0 or at not in snaps:
+            continue
+        folder = store.snapshot_dir("red", at)
+        print_ = fingerprint(folder)
+        if print_ in seen:
+            continue
+        seen.add(print_)
+        name = f"red@{at}"
+        if name not in engine.adapters():
+            engine.load_adapter(name, str(folder))
+        out.append((name, w))
+    used = {n for n, _ in out}
+    for name in engine.adapters():  # members that left the league
+        if name.startswith("red@") and name not in used:
+            engine.remove_adapter(name)
+    if out:
+        log.info("league attackers this phase: %s", ", ".join(n for n, _ in out))
+    return out
+
+
+def assign_writers(n: int, share: float, attackers: list[tuple[str, float]], seed: str) -> list[str]:
+    """Who writes each of n harmful prompts: `red`, or a league member for a
+    `share` of them (deterministic in `seed`, so a resumed step redoes it)."""
+    if not attackers or not share:
+        return ["red"] * n
+    rng = random.Random(seed)
+    k = round(share * n)
+    names, weights = zip(*attackers)
+    league = rng.choices(names, weights=weights, k=k)
+    return ["red"] * (n - k) + list(league)

@@ -1,0 +1,64 @@
+"""league.py: past blues as extra defenders, past reds writing some of
+blue's prompts; weights, determinism, and a tiny run with a league."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lora_triplay.cli import app
+from lora_triplay.league import (
+    LeagueConfig,
+    assign_writers,
+    league_defenders,
+    member_weights,
+)
+from lora_triplay.recipe import DefenderConfig
+
+
+def test_member_weights():
+    assert member_weights(LeagueConfig(size=4)) == pytest.approx([0.25] * 4)
+    assert member_weights(LeagueConfig(size=3, sampling="recent")) == pytest.approx([4 / 7, 2 / 7, 1 / 7])
+
+
+def test_league_defenders_split_the_league_weight():
+    ds = league_defenders(LeagueConfig(size=2, weight=0.6, sampling="recent"), DefenderConfig)
+    assert [d.name for d in ds] == ["blue@-1", "blue@-2"]
+    assert [d.weight for d in ds] == pytest.approx([0.4, 0.2])
+    assert league_defenders(LeagueConfig(size=0), DefenderConfig) == []
+
+
+def test_writers_take_the_share_and_repeat_for_the_same_seed():
+    attackers = [("red@2", 0.7), ("red@1", 0.3)]
+    w = assign_writers(10, 0.4, attackers, "0:league:7")
+    assert w[:6] == ["red"] * 6 and all(x in ("red@2", "red@1") for x in w[6:])
+    assert w == assign_writers(10, 0.4, attackers, "0:league:7")
+    assert assign_writers(10, 0.4, [], "s") == ["red"] * 10 and assign_writers(3, 0.0, attackers, "s") == ["red"] * 3
+
+
+RECIPE = """\
+model: {{base: "{base}", device: cpu, dtype: float32}}
+lora: {{rank: 4, alpha: 8}}
+iterations: 3
+phases: {{red: {{steps: 1}}, blue: {{steps: 1}}, eval: {{steps: 1}}}}
+grpo: {{group_size: 2, prompts_per_step: 4, lr: 1.0e-2, max_new_tokens: 6}}
+rewards: {{judge_mode: choice, embedding_model: hashing}}
+experts: {{safety_experts: 2, utility_experts: 2}}
+data: {{benign_share: 0.0}}
+league: {{size: 2, weight: 0.5, attacker_share: 0.5}}
+"""
+
+
+@pytest.mark.slow
+def test_a_run_with_a_league(tiny_model_dir, tmp_path):
+    (tmp_path / "r.yaml").write_text(RECIPE.format(base=tiny_model_dir))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    by = {(r["iteration"], r["phase"]): r for r in rows}
+    # iteration 1 has no past; in iteration 2 red@1 writes half of blue's prompts
+    # (red@0 is untrained: the base, no attacker); in iteration 3 blue@-1 = blue@1 defends
+    assert "league_refusal_rate" not in by[(1, "blue")] and "league_refusal_rate" in by[(2, "blue")]
+    assert "asr_league" not in by[(2, "red")] and "asr_league" in by[(3, "red")]
+    assert by[(3, "red")]["defenders"] >= 3
