@@ -5,7 +5,8 @@
 What it measures, all in the same process, on the same requests:
   gflops     fp32 matmul throughput of this CPU at the model's shapes
              (32 x 576 @ 576 x 1536 and 512 x 576 @ 576 x 1536 for
-             SmolLM2-135M), best of several repeats: the roofline.
+             SmolLM2-135M), best of several repeats, at the start and at
+             the end of the run: the best of them is the roofline.
   flops      forward FLOPs per token of the base: 2 x every Linear weight
              (lm_head included) + 4 x layers x heads x head_dim x context
              for attention, at the batch's mean context. LoRA's own FLOPs
@@ -158,9 +159,19 @@ def main() -> None:
                      "seconds": round(update_s, 3), "seconds_all": [round(t, 3) for t in times],
                      "tokens_per_s": round(trained / update_s, 1), "ceiling_tokens_per_s": round(train_ceiling, 1),
                      "fraction_of_roofline": round(trained / update_s / train_ceiling, 3), "layout": learner.layout}
+    # The roofline is the best this CPU gave in this run: measured again at
+    # the end, so a busy moment at the start cannot inflate the fractions.
+    again = measure_gflops([(32, hidden, inter), (512, hidden, inter)])
+    best = max(peak, *again.values())
+    if best > peak:
+        for part, mult in (("rollout", 1), ("update", 3)):
+            r = res[part]
+            r["ceiling_tokens_per_s"] = round(best * 1e9 / (mult * flops["total"]), 1)
+            r["fraction_of_roofline"] = round(r["tokens_per_s"] / r["ceiling_tokens_per_s"], 3)
+    res.update(gflops_end=again, gflops_used=best)
     res["loadavg_end"] = os.getloadavg()[0]
 
-    print(f"GFLOPS (fp32, {args.threads} thread): {gflops}  -> roofline uses {peak}")
+    print(f"GFLOPS (fp32, {args.threads} thread): start {gflops}, end {again}  -> roofline uses {best}")
     print(f"forward FLOPs/token: {flops['total'] / 1e9:.3f} G at context {mean_context:.0f}")
     r, u = res["rollout"], res["update"]
     print(f"rollout mixed  {r['tokens_per_s']:7.1f} tok/s  ceiling {r['ceiling_tokens_per_s']:.0f}  -> {r['fraction_of_roofline']:.0%} (target 50%)")

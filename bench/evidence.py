@@ -285,14 +285,15 @@ def collect(work: Path, names: list[str]) -> dict:
         for it in _its(b["jbb-harmful"]["iterations"]) if b else []:  # an ablation measures one role
             k = str(it)
             jb, xs = b["jbb-benign"]["iterations"][k], b["xstest"]["iterations"][k]
-            refusals = (jb["over_refusal"] or 0) * jb["benign"] + (xs["over_refusal"] or 0) * xs["benign"]
+            n_jb, n_xs = jb["benign"]["n"], xs["benign"]["n"]
+            refusals = (jb["over_refusal"] or 0) * n_jb + (xs["over_refusal"] or 0) * n_xs
             per[it] = {
                 "blue_asr_jbb": b["jbb-harmful"]["iterations"][k]["asr"],
                 "blue_asr_xstest_unsafe": xs["asr"],
                 "blue_asr_strongreject": b["strongreject"]["iterations"][k]["asr"],
                 "blue_over_refusal_jbb_benign": jb["over_refusal"],
                 "blue_over_refusal_xstest_safe": xs["over_refusal"],
-                "blue_over_refusal": refusals / max(jb["benign"] + xs["benign"], 1),
+                "blue_over_refusal": refusals / max(n_jb + n_xs, 1),
             }
             if panel:
                 pb = panel["benchmarks"]

@@ -84,9 +84,10 @@ def _reward_stats(rewards: list[float | None]) -> dict[str, float]:
 
 
 class Phases:
-    """The phase steps. Needs a session with: recipe, engine, pool (attack
-    success pool), data (rundata.RunData) and defenders (this red phase's,
-    see defenders.py)."""
+    """The phase steps. Needs a session with: recipe, engine, state, pool
+    (attack success pool), data (rundata.RunData), defenders (this red
+    phase's, see defenders.py) and attackers (this blue phase's league
+    members writing prompts, see league.py; empty without a league)."""
 
     def __init__(self, session):
         self.s = session
