@@ -39,20 +39,15 @@ ADAPTERS = ("base", "red", "blue", "eval")
 
 
 def build(base_spec: str, rank: int, seed: int = 0):
-    import torch
-
     from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
+    from lora_triplay.tiny import randomize_lora_b
 
     cfg = ModelConfig(base=base_spec, device="cpu", dtype="float32")
     base, tok, path = load_base(cfg)
     lora = LoraConfig(rank=rank, alpha=2 * rank)
     model = attach_role_adapters(base, lora, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():  # adapters that differ from the base, like trained ones
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    randomize_lora_b(model, seed=seed + 1, scale=0.02)  # adapters that differ from the base, like trained ones
     model.eval()
     return model, tok, path, lora
 

@@ -88,3 +88,16 @@ def build_tiny_qwen3(folder: Path, seed: int = 0, hidden: int = 64, layers: int 
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
     return folder
+
+
+def randomize_lora_b(model, seed: int, scale: float) -> None:
+    """Fill every LoRA B matrix with seeded noise (PEFT starts them at zero,
+    i.e. every adapter = the base): adapters that differ from the base and
+    from each other, as trained ones do, for tests and benchmarks."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)

@@ -24,17 +24,13 @@ def tiny_model_dir(tmp_path_factory):
 def role_model(tiny_model_dir):
     """(peft_model, tokenizer) with red/blue/evaluator adapters whose B
     matrices are random, so every adapter computes something different."""
-    import torch
 
     from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
+    from lora_triplay.tiny import randomize_lora_b
 
     base, tok, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
     model = attach_role_adapters(base, LoraConfig(rank=4, alpha=8), seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    randomize_lora_b(model, seed=1, scale=0.5)
     model.eval()
     return model, tok

@@ -16,6 +16,7 @@ from lora_triplay.model import (
     load_base,
 )
 from lora_triplay.recipe import GrpoConfig, LoraConfig, ModelConfig
+from lora_triplay.tiny import randomize_lora_b
 
 
 def main(base: str, out: str, loss_type: str) -> None:
@@ -23,11 +24,7 @@ def main(base: str, out: str, loss_type: str) -> None:
     collective = Collective()
     model, tok, _ = load_base(ModelConfig(base=base, device="cpu", dtype="float32"))
     model = attach_role_adapters(model, LoraConfig(rank=4, alpha=8), seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    randomize_lora_b(model, seed=1, scale=0.05)
     prompts = ["hello there", "tell me a story", "what is rain", "name a colour"]
     answers = ["yes indeed", "no", "maybe later today", "once upon a time there was", "I cannot", "sure", "blue", "red and green"]
     samples = [Sample(tok.encode(prompts[g]), tok.encode(answers[(2 * g + k) % len(answers)]), group=g, reward=0.0,

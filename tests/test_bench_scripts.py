@@ -50,3 +50,11 @@ def test_suite_table_reads_each_scripts_json(tmp_path, monkeypatch):
     assert rows["5 adapter sync / full-weight push"] == ("0.1250", "no")
     assert rows["6 diversity: 256 vs 10k pool lookup"] == ("0.07 s", "yes")
     assert rows["7 ours / TRL policy update"] == ("not run", "-")
+
+
+def test_comparison_rows_are_not_marked_met():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import suite
+
+    rows = {g: met for g, _, _, met in suite.table({"resident": {"ours": {"over_one_base_model": 1.2}, "three_copies": {"over_one_base_model": 2.2}}})}
+    assert rows["4 resident: ours / one base"] == "no" and rows["4 resident: three copies / one base"] == "-"

