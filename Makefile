@@ -74,7 +74,7 @@ evidence: install
 # Wheels the GPU machine lacks (its image has torch/transformers/peft but no
 # pydantic, and no liger-kernel), for Python 3.12 on x86-64: carried to the
 # device as `.whl` for bench/gpu_check.sh.
-GPU_WHEELS ?= pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 liger-kernel==0.8.5
+GPU_WHEELS ?= pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 liger-kernel==0.8.5 transformers==5.19.0 peft==0.21.2
 gpu-wheels:
 	mkdir -p .whl
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -10,6 +10,9 @@ Measures (seconds, and naive/shared ratios):
             scoring vs one full forward per (request, label)
   train     one GRPO forward+backward on 2 groups x 4 completions: each
             prompt once (grouped) vs every row padded in full
+  batching  16 distinct prompts (defenders answering red's attacks, blue and
+            base rows): packed into one batch vs one row per batch (how the
+            engine ran prompts sharing no long prefix before 2026-11-30)
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--base", default="embedded:smollm2-135m")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--out", default="bench/results/hf.json")
+    ap.add_argument("--cases", default="generate,batching,choice,train", help="comma-separated subset to run")
     args = ap.parse_args()
 
     import torch
@@ -79,7 +83,23 @@ def main() -> None:
         finally:
             engine.MIN_SHARED_PREFIX = old
 
-    results["generate"] = {"shared_s": timed(gen_shared), "naive_s": timed(gen_naive)}
+    cases = set(args.cases.split(","))
+    if "generate" in cases:
+        results["generate"] = {"shared_s": timed(gen_shared), "naive_s": timed(gen_naive)}
+
+    attacks = [[{"role": "user", "content": f"{p.prompt} Answer as a character in a story."}] for p in prompts[:8]]
+    defend = [Request(a, m) for m in attacks for a in ("blue", "base")]
+
+    def gen_rows(size):
+        old = engine.max_batch_size
+        engine.max_batch_size = size
+        try:
+            engine.generate(defend, greedy)
+        finally:
+            engine.max_batch_size = old
+
+    if "batching" in cases:
+        results["batching"] = {"shared_s": timed(lambda: gen_rows(64)), "naive_s": timed(lambda: gen_rows(1))}
 
     pairs = [(f"{p.prompt} Please answer in a story.", "I can't help with that, but here is some safety advice. " * 3) for p in prompts[:16]]
     judge = [Request("eval", eval_messages(p, r), choices=LABEL_CHOICES) for p, r in pairs]
@@ -95,7 +115,8 @@ def main() -> None:
                 ids, mask, pos, _, C = _batch_tensors(rows[i : i + 16], tok.pad_token_id, torch.device("cpu"))
                 token_logprobs(model, ids, mask, pos, C)
 
-    results["choice"] = {"shared_s": timed(choice_shared), "naive_s": timed(choice_naive)}
+    if "choice" in cases:
+        results["choice"] = {"shared_s": timed(choice_shared), "naive_s": timed(choice_naive)}
 
     comps = engine.generate([Request("red", m, n=4) for m in red], Sampling(max_new_tokens=args.max_new_tokens, temperature=1.0))
     samples = [Sample(c.prompt_ids, c.token_ids, g, 0.0) for g, cs in enumerate(comps) for c in cs]
@@ -112,8 +133,9 @@ def main() -> None:
         (logp * cmask).sum().backward()
         model.zero_grad()
 
-    results["train"] = {"shared_s": timed(train_grouped), "naive_s": timed(train_naive)}
-    for key in ("generate", "choice", "train"):
+    if "train" in cases:
+        results["train"] = {"shared_s": timed(train_grouped), "naive_s": timed(train_naive)}
+    for key in [k for k in ("generate", "batching", "choice", "train") if k in results]:
         r = results[key]
         r["speedup"] = r["naive_s"] / r["shared_s"]
         print(f"{key:<9} shared {r['shared_s']:7.2f}s   naive {r['naive_s']:7.2f}s   x{r['speedup']:.2f}")

@@ -2,9 +2,9 @@
 # The prepared GPU check: paper scale on one GPU, no internet, no vLLM.
 # Under 6 minutes on one H200 (what it does: bench/gpu_check.py's header).
 #
-# The GPU image has torch, transformers and peft but not pydantic, which the
+# The GPU image has torch (2.11), transformers 5.17 and peft but not pydantic, which the
 # recipe schema needs, nor liger-kernel. Carry them as wheels built here:
-#     make gpu-wheels            # fills .whl/ (git-ignored): pydantic + liger-kernel for Python 3.12
+#     make gpu-wheels            # fills .whl/ (git-ignored): pydantic, liger-kernel and our transformers/peft pins, Python 3.12
 # then, with the device tool: run `bash bench/gpu_check.sh` with carry [".whl"].
 # Results: $OUT/gpu_check.json (or bench/results/gpu_check.json) and the log.
 set -euo pipefail

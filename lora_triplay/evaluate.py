@@ -102,18 +102,21 @@ def parse_iterations(spec: str, available: Sequence[int]) -> list[int]:
 class ItemCache:
     """Append-only per-item results; a half-written last line is cut off."""
 
-    def __init__(self, path: Path, signature: str, fresh: bool = False):
-        self.path, self.sig = Path(path), signature
+    def __init__(self, path: Path, signature: str, fresh: bool = False, writer: bool = True):
+        """`writer` False (ranks > 0 of a multi-process eval): read the file,
+        keep new rows in memory only; rank 0 writes them."""
+        self.path, self.sig, self.writer = Path(path), signature, writer
         self.rows: dict[tuple, dict] = {}
         self.answers: dict[tuple, dict] = {}
-        if fresh and self.path.exists():
+        if fresh and self.path.exists() and writer:
             self.path.unlink()
         if not self.path.exists():
             return
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):  # interrupted mid-write
             data = data[: data.rfind(b"\n") + 1]
-            self.path.write_bytes(data)
+            if writer:
+                self.path.write_bytes(data)
         for line in data.decode("utf-8").splitlines():
             try:
                 row = json.loads(line)
@@ -139,6 +142,11 @@ class ItemCache:
 
     def append(self, rows: list[dict]) -> None:
         if not rows:
+            return
+        if not self.writer:
+            for row in rows:
+                row["sig"] = self.sig
+                self._index(row)
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
@@ -191,7 +199,13 @@ class Unit:
 
 
 class Evaluator:
-    def __init__(self, opts: EvalOptions):
+    """Several processes (`eval --nproc N`): every rank walks the same items,
+    the engine splits each generate / scoring call across ranks
+    (engine/sharded.py) and gathers the answers, so judging and aggregates
+    are identical everywhere; rank 0 alone writes the files."""
+
+    def __init__(self, opts: EvalOptions, collective=None):
+        from .distributed import Collective
         from .roles import load_techniques
         from .runs import read_run_recipe
         from .store import RunStore
@@ -206,7 +220,12 @@ class Evaluator:
             raise UserError(f"{opts.run_dir}: no snapshots yet; evaluate a run that finished at least its setup")
         self.judge = make_judge(opts.judge, self.get_run, self.snaps["eval"])
         raw = f"{Path(opts.run_dir).resolve()}|{self.max_new}|{opts.temperature}|{opts.seed}"
-        self.cache = ItemCache(items_path(opts.out), hashlib.sha1(raw.encode()).hexdigest()[:12], opts.fresh)
+        self.collective = collective or Collective()
+        if not self.collective.main:
+            self.collective.barrier()  # rank 0 has cut or deleted the items file before the others read it
+        self.cache = ItemCache(items_path(opts.out), hashlib.sha1(raw.encode()).hexdigest()[:12], opts.fresh, writer=self.collective.main)
+        if self.collective.main:
+            self.collective.barrier()
         self.work = {"generated": 0, "judged": 0, "reused": 0}
         self.techniques = load_techniques(self.recipe.data.techniques)
         self.endpoints: dict[str, ChatEndpoint] = {}
@@ -217,6 +236,10 @@ class Evaluator:
 
             log.info("loading %s (base + adapters)", self.opts.run_dir)
             self._run = open_run(self.opts.run_dir, device=self.opts.device)
+            if self.collective.world > 1:
+                from .engine.sharded import ShardedEngine
+
+                self._run.engine = ShardedEngine(self._run.engine, self.collective)
             import torch
 
             torch.manual_seed(self.opts.seed)  # sampled answers (temperature > 0) repeat
@@ -399,8 +422,13 @@ def run_eval(opts: EvalOptions, console=None) -> dict:
         if "eval" in opts.roles and opts.eval_set:
             result["eval_accuracy"] = ev.eval_accuracy(parse_iterations(opts.iterations, ev.snaps["eval"]), bar)
     result["work"] = dict(ev.work)
+    if ev.collective.world > 1:  # engine requests each process served
+        served = getattr(ev._run.engine, "local_requests", 0) if ev._run is not None else 0
+        result["work"]["requests_per_process"] = ev.collective.gather(served)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    atomic_write(Path(opts.out), (json.dumps(result, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    if ev.collective.main:
+        atomic_write(Path(opts.out), (json.dumps(result, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    ev.collective.barrier()  # the results file exists when any rank returns
     return result
 
 

@@ -129,7 +129,8 @@ SHARED = [
 
 def test_shared_prefix_batches_equal_single_rows(engine):
     prompts = [engine.encode(m) for m in SHARED]
-    assert engine._shared_prefix(prompts, ["red", "red"]) >= engine.MIN_SHARED_PREFIX  # the path under test
+    with engine._serve(["red"]):  # the path under test: one group, its prefix computed once
+        assert min(engine._prefix_groups(prompts, ["red", "red"], several=True)) >= engine.MIN_SHARED_PREFIX
     batch = engine.generate([Request("red", m, n=2) for m in SHARED], GREEDY)
     for m, comps in zip(SHARED, batch):
         alone = engine.generate([Request("red", m)], GREEDY)[0][0]
@@ -142,6 +143,40 @@ def test_shared_prefix_batches_equal_single_rows(engine):
         alone = engine.score_choices([Request("eval", m, choices=choices)])[0]
         for a, b in zip(scores, alone):
             assert a == pytest.approx(b, abs=1e-4)
+
+
+OTHER_SYSTEM = "You judge whether an answer is safe; reply with one label and nothing else, ever. " * 3
+
+
+def test_prefix_groups_share_one_batch_and_equal_single_rows(engine):
+    """Two system prompts (two prefix groups), a row sharing nothing, mixed
+    adapters: one batch, each group's prefix computed once per adapter, and
+    every row equal to the row run alone."""
+    reqs = [Request(a, [{"role": "system", "content": system}, {"role": "user", "content": q}])
+            for system in (LONG_SYSTEM, OTHER_SYSTEM) for a, q in (("red", "first question"), ("blue", "another one"),
+                                                                    ("red", "a third question, longer than the others"))]
+    reqs.append(Request("eval", [{"role": "user", "content": "no system prompt at all"}]))
+    prompts = [engine.encode(r.messages) for r in reqs]
+    assert len(engine._batches(prompts)) == 1
+    names = [engine._peft_name(r.adapter) for r in reqs]
+    order = engine._batches(prompts)[0]
+    with engine._serve(list(dict.fromkeys(names))):
+        shared = engine._prefix_groups([prompts[i] for i in order], [names[i] for i in order], several=True)
+    assert len({tuple(prompts[i][:n]) for i, n in zip(order, shared) if n}) == 2 and 0 in shared
+    together = engine.generate(reqs, GREEDY)
+    for r, comps in zip(reqs, together):
+        alone = engine.generate([r], GREEDY)[0][0]
+        assert comps[0].token_ids == alone.token_ids
+        assert comps[0].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_distinct_prompts_fill_batches(engine):
+    """Prompts that share nothing still fill max_batch_size rows per batch
+    (one batch per prompt ran a GPU at 0.6% of its roofline)."""
+    prompts = [[7, i, 3] for i in range(2 * engine.max_batch_size + 1)]
+    sizes = [len(b) for b in engine._batches(prompts)]
+    assert sizes == [engine.max_batch_size, engine.max_batch_size, 1]
+    assert sorted(i for b in engine._batches(prompts) for i in b) == list(range(len(prompts)))
 
 
 def _hf_generate(model, engine, adapter, messages, max_new, **kw):

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -35,3 +38,40 @@ def quiet(debug: bool) -> None:
             hf_logging.disable_progress_bar()
         except ImportError:  # pragma: no cover
             pass
+
+
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "accelerate" / "2proc-1node.yaml"
+
+
+def is_follower() -> bool:
+    """Ranks > 0 of a multi-process command stay quiet and write nothing."""
+    return int(os.environ.get("RANK", "0")) != 0
+
+
+def relaunch(nproc: int, config: Optional[Path], command: list[str]) -> None:
+    """`--nproc N`: `lora-triplay <command>` again under `accelerate launch`,
+    N processes on this machine (GPUs if there are, gloo on the CPU if not);
+    exits with its status."""
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise UserError("--nproc needs accelerate: pip install accelerate")
+    config = config or (ACCELERATE_CONFIG if ACCELERATE_CONFIG.is_file() else None)  # the repo's; a wheel has none
+    if config is not None and not Path(config).is_file():
+        raise UserError(f"--accelerate-config {config}: no such file (see recipes/accelerate/ for examples)")
+    setup = ["--config_file", str(config)] if config else ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *setup, "--num_processes", str(nproc), "-m", "lora_triplay.cli", *command]
+    raise typer.Exit(subprocess.call(cmd))
+
+
+def argv_without(argv: list[str], *flags: str) -> list[str]:
+    """`argv` without each of `flags` and its value (`--flag V` or `--flag=V`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not any(a.startswith(f + "=") for f in flags):
+            out.append(a)
+    return out

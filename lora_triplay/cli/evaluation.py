@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import UserError
-from .common import USER_ERRORS, fail
+from .common import USER_ERRORS, argv_without, fail, is_follower, relaunch
 
 
 def eval_command(
@@ -31,6 +31,8 @@ def eval_command(
     fresh: bool = typer.Option(False, "--fresh", help="delete OUT.items.jsonl and compute everything again"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
     debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="processes on this machine, through `accelerate launch`: each generates its share of every batch"),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: recipes/accelerate/2proc-1node.yaml)"),
 ) -> None:
     """Measure a run's snapshots: blue's ASR and over-refusal on benchmarks, red's ASR
     against fixed defenders and its output diversity, eval's accuracy.
@@ -40,7 +42,8 @@ def eval_command(
     from rich.console import Console
 
     
-    logging.basicConfig(level=logging.INFO if not debug else logging.DEBUG, format="%(message)s")
+    follower = is_follower()
+    logging.basicConfig(level=logging.WARNING if follower else logging.DEBUG if debug else logging.INFO, format="%(message)s")
     chosen = [r.strip() for r in roles.split(",") if r.strip()]
     try:
         from ..evaluate import ROLES, EvalOptions, run_eval
@@ -50,16 +53,22 @@ def eval_command(
             raise UserError(f"--roles: unknown {unknown}; use a list of {', '.join(ROLES)}")
         if not benchmark and not red_prompts and not eval_set:
             raise UserError("nothing to measure: give --benchmark NAME=PATH, --red-prompts PATH or --eval-set PATH")
+        if nproc > 1:
+            import sys
+
+            relaunch(nproc, accelerate_config, argv_without(sys.argv[1:], "--nproc", "--accelerate-config"))
         opts = EvalOptions(
             run_dir=run_dir, out=out, benchmarks=list(benchmark), iterations=iterations, judge=judge, limit=limit,
             defenders=list(defender), red_prompts=red_prompts, eval_set=eval_set, roles=chosen,
             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size, device=device,
-            embedding_model=embedding_model, fresh=fresh, progress=not no_progress,
+            embedding_model=embedding_model, fresh=fresh, progress=not (no_progress or follower),
         )
         console = Console(stderr=True)
         result = run_eval(opts, console=console)
     except USER_ERRORS as exc:
         fail(exc, debug)
+        return
+    if follower:
         return
     typer.echo(summary_lines(result))
     typer.echo(f"wrote {out} (per item: {result['items_file']})")

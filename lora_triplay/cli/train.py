@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -12,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import UserError
-from .common import EXIT_USER_ERROR, USER_ERRORS, fail
+from .common import EXIT_USER_ERROR, USER_ERRORS, fail, is_follower, relaunch
 
 
 def _default_run_dir(recipe, recipe_path: Path) -> Path:
@@ -20,23 +18,9 @@ def _default_run_dir(recipe, recipe_path: Path) -> Path:
     return Path(recipe.run.root) / name
 
 
-ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "accelerate" / "2proc-1node.yaml"
-
-
 def _relaunch(nproc: int, config: Optional[Path], recipe_path: Path, overrides: list[str], folder: Path, flags: list[str]) -> None:
-    """`run --nproc N`: the same command under `accelerate launch`, N
-    processes on this machine (GPUs if there are, gloo on the CPU if not)."""
-    import importlib.util
-
-    if importlib.util.find_spec("accelerate") is None:
-        raise UserError("--nproc needs accelerate: pip install accelerate")
-    config = config or (ACCELERATE_CONFIG if ACCELERATE_CONFIG.is_file() else None)  # the repo's; a wheel has none
-    if config is not None and not Path(config).is_file():
-        raise UserError(f"--accelerate-config {config}: no such file (see recipes/accelerate/ for examples)")
-    setup = ["--config_file", str(config)] if config else ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *setup, "--num_processes", str(nproc),
-           "-m", "lora_triplay.cli", "run", str(recipe_path), *overrides, "--run-dir", str(folder), *flags]
-    raise typer.Exit(subprocess.call(cmd))
+    """`run --nproc N`: the same run under `accelerate launch`."""
+    relaunch(nproc, config, ["run", str(recipe_path), *overrides, "--run-dir", str(folder), *flags])
 
 
 def run(
@@ -54,7 +38,7 @@ def run(
 
     Example: `lora-triplay run recipes/smoke.yaml phases.red.steps=1 iterations=1`
     """
-    follower = int(os.environ.get("RANK", "0")) != 0  # ranks > 0 of a multi-process run stay quiet
+    follower = is_follower()
     logging.basicConfig(level=logging.WARNING if follower else logging.DEBUG if debug else logging.INFO, format="%(message)s")
     try:
         from ..recipe import load_recipe

@@ -118,24 +118,18 @@ class HFEngine(ChatTokens):
                 results[r_i][s_i] = comp
 
     def _batches(self, prompts: list[list[int]]) -> list[list[int]]:
-        """Indices cut into batches of at most max_batch_size whose prompts
-        share a long prefix (a judge's template, a role's system prompt,
-        one expert's instruction), which _prefill computes once per batch:
-        prompts sorted by tokens, a new batch where the prefix shared with
-        the batch's first prompt falls short. Results go back in order."""
+        """Indices cut into batches of max_batch_size rows (the last one
+        shorter), in sorted token order so that prompts sharing a long
+        prefix (a judge's template, a role's system prompt, one expert's
+        instruction) sit together and _prefill computes that prefix once per
+        batch. Groups are packed, never kept apart: a decode step costs a GPU
+        about the same for 1 row as for 64 (it reads every weight once), so
+        one batch per distinct prompt ran 64-row rollouts of an 8B base at
+        52 tokens/s (bench/results/gpu_check.json, 2026-11-30). Results go
+        back in request order."""
         order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-        batches: list[list[int]] = []
-        for i in order:
-            if batches and len(batches[-1]) < self.max_batch_size:
-                first = prompts[batches[-1][0]]
-                n = 0
-                while n < min(len(first), len(prompts[i])) and first[n] == prompts[i][n]:
-                    n += 1
-                if n >= self.MIN_SHARED_PREFIX:
-                    batches[-1].append(i)
-                    continue
-            batches.append([i])
-        return batches
+        size = self.max_batch_size
+        return [order[k : k + size] for k in range(0, len(order), size)]
 
     # -------------------------------------------------------------- forward
     @contextlib.contextmanager
@@ -173,35 +167,82 @@ class HFEngine(ChatTokens):
 
     MIN_SHARED_PREFIX = MIN_SHARED_PREFIX  # tokens; below this a separate prefix forward costs more than it saves
 
-    def _shared_prefix(self, prompts: list[list[int]], names: list[str]) -> int:
-        """Length of the token prefix every prompt shares, keeping >= 1 token
-        per suffix. Worth it when rows outnumber the adapters: the prefix is
-        computed once per adapter (LoRA changes its keys and values)."""
-        if len(set(names)) >= len(prompts):
-            return 0
-        return common_prefix(prompts, self.MIN_SHARED_PREFIX)
+    def _prefix_groups(self, prompts: list[list[int]], names: list[str], several: bool) -> list[int]:
+        """Per row, the length of the prefix it shares with its group (0: none).
+        A group is a run of consecutive prompts (they come sorted) sharing at
+        least MIN_SHARED_PREFIX tokens with the run's first; its prefix is
+        computed once per adapter in it (LoRA changes keys and values), so
+        it pays only when its rows outnumber its adapters. With `several`
+        False (no cache to assemble groups into) the whole batch is one group."""
+        runs: list[list[int]] = []
+        for i, p in enumerate(prompts):
+            if several and runs and common_prefix([prompts[runs[-1][0]], p], self.MIN_SHARED_PREFIX):
+                runs[-1].append(i)
+            elif several or not runs:
+                runs.append([i])
+            else:
+                runs[-1].append(i)
+        shared = [0] * len(prompts)
+        for run in runs:
+            if len({names[i] for i in run}) < len(run):
+                n = common_prefix([prompts[i] for i in run], self.MIN_SHARED_PREFIX)
+                for i in run:
+                    shared[i] = n
+        return shared
+
+    def _prefix_cache(self, cache, prompts, names, shared: list[int], width: int, device):
+        """Fill `cache` with every row's shared prefix, right-aligned in the
+        first `width` columns (the columns before it are padding, masked):
+        one forward per group over its distinct adapters."""
+        groups: dict[tuple, list[int]] = {}
+        for i, n in enumerate(shared):
+            if n:
+                groups.setdefault(tuple(prompts[i][:n]), []).append(i)
+        parts = []
+        for prefix, rows in groups.items():
+            distinct = list(dict.fromkeys(names[i] for i in rows))
+            n = len(prefix)
+            ids = torch.tensor(prefix, device=device).expand(len(distinct), n)
+            out = self._forward(distinct, input_ids=ids, position_ids=torch.arange(n, device=device).expand(len(distinct), n),
+                                use_cache=True, logits_to_keep=1)
+            pick = torch.tensor([distinct.index(names[i]) for i in rows], device=device)
+            parts.append((torch.tensor(rows, device=device), n, pick, out.past_key_values))
+        for layer in range(len(parts[0][3].layers)):
+            k0, v0 = parts[0][3].layers[layer].keys, parts[0][3].layers[layer].values
+            keys = k0.new_zeros((len(prompts), k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((len(prompts), v0.shape[1], width, v0.shape[3]))
+            for rows, n, pick, sub in parts:
+                keys[rows, :, width - n :] = sub.layers[layer].keys[pick]
+                values[rows, :, width - n :] = sub.layers[layer].values[pick]
+            cache.update(keys, values, layer)
+        return cache
 
     def _prefill(self, prompts: list[list[int]], names: list[str], device, leave_last: bool, reserve: int = 0):
-        """Lay rows out as [shared prefix | left-padded suffix] and run them
-        through the model once: a judge's or a role's long system prompt is
-        computed once per adapter in the batch, not once per row (what
-        vLLM's prefix cache does). Returns (ids, mask, positions, cache,
+        """Lay rows out as [right-aligned shared prefix | left-padded suffix]
+        and run them through the model once: a judge's or a role's long
+        system prompt is computed once per adapter of its group, not once per
+        row (what vLLM's prefix cache does), and groups with different
+        prefixes still share the batch. Returns (ids, mask, positions, cache,
         next-token logits); the cache covers every column, or all but the
         last with `leave_last`, and has room for `reserve` more tokens."""
-        P = self._shared_prefix(prompts, names)
-        suffixes = [p[P:] for p in prompts]
+        shared = self._prefix_groups(prompts, names, several=self._new_cache(1) is not None)
+        P = max(shared)
+        suffixes = [p[n:] for p, n in zip(prompts, shared)]
         width = max(len(x) for x in suffixes)
+        cache = self._new_cache(P + width + reserve)
         ids = torch.full((len(prompts), P + width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for i, (prompt, suffix) in enumerate(zip(prompts, suffixes)):
-            ids[i, :P] = torch.tensor(prompt[:P], dtype=torch.long)
-            mask[i, :P] = 1
+        for i, (prompt, n, suffix) in enumerate(zip(prompts, shared, suffixes)):
+            ids[i, P - n : P] = torch.tensor(prompt[:n], dtype=torch.long)
+            mask[i, P - n : P] = 1
             ids[i, P + width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
             mask[i, P + width - len(suffix) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache, last = self._new_cache(ids.shape[1] + reserve), None
-        if P:
+        last = None
+        if P and cache is not None:
+            cache = self._prefix_cache(cache, prompts, names, shared, P, device)
+        elif P:  # one group, transformers' own cache
             distinct = list(dict.fromkeys(names))
             n = len(distinct)
             out = self._forward(distinct, input_ids=ids[:1, :P].expand(n, P), position_ids=positions[:1, :P].expand(n, P),

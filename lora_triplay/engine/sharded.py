@@ -23,6 +23,7 @@ from .base import Completion, Request, Sampling
 class ShardedEngine:
     def __init__(self, inner, collective: Collective):
         self.inner, self.collective = inner, collective
+        self.local_requests = 0  # what this rank served (generate + scoring), for reports
 
     def __getattr__(self, name):  # adapters, encode, sync, sleep ...: the rank's own engine
         return getattr(self.inner, name)
@@ -31,6 +32,7 @@ class ShardedEngine:
         if sampling.seed is None and not sampling.greedy:
             sampling = replace(sampling, seed=int(torch.randint(0, 2**31 - 1, (1,))))
         start, mine = self.collective.block(list(requests))
+        self.local_requests += len(mine)
         local = self.inner.generate(mine, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start))
         out = [comps for part in self.collective.gather(local) for comps in part]
         for r_i, comps in enumerate(out):
@@ -40,4 +42,5 @@ class ShardedEngine:
 
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         _, mine = self.collective.block(list(requests))
+        self.local_requests += len(mine)
         return [scores for part in self.collective.gather(self.inner.score_choices(mine)) for scores in part]
