@@ -44,10 +44,12 @@ class Collective:
     def main(self) -> bool:
         return self.rank == 0
 
-    def block(self, items: Sequence[T]) -> tuple[int, list[T]]:
+    def block(self, items: Sequence[T], group: int = 1) -> tuple[int, list[T]]:
         """This rank's contiguous block of `items` and its offset: blocks in
-        rank order concatenate back to `items` (sizes differ by at most one)."""
-        n, w, r = len(items), self.world, self.rank
+        rank order concatenate back to `items` (sizes differ by at most one).
+        `group` > 1: consecutive ranks in groups of that size share one block
+        (a vLLM tensor-parallel group serves the same requests)."""
+        n, w, r = len(items), self.world // group, self.rank // group
         start = r * (n // w) + min(r, n % w)
         size = n // w + (1 if r < n % w else 0)
         return start, list(items[start : start + size])

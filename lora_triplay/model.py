@@ -94,7 +94,12 @@ def pick_device(cfg: ModelConfig) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ModelError("model.device = 'cuda' but no CUDA device is visible; set model.device=cpu")
-        return torch.device("cuda")
+        # one process per GPU under accelerate/torchrun: this rank's own GPU
+        local = int(os.environ.get("LOCAL_RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+        if local >= torch.cuda.device_count():
+            raise ModelError(f"process LOCAL_RANK={local} but only {torch.cuda.device_count()} GPU(s) are visible; launch one process per GPU")
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
     return torch.device("cpu")
 
 

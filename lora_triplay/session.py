@@ -166,7 +166,8 @@ class Session:
         if self.collective.world > 1:
             from .engine.sharded import ShardedEngine
 
-            self.engine = ShardedEngine(self.engine, self.collective)
+            tp = r.engine.tensor_parallel_size if r.engine.backend == "vllm" else 1
+            self.engine = ShardedEngine(self.engine, self.collective, group=tp)
         encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
         self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
         device = next(self.model.parameters()).device

@@ -32,6 +32,35 @@ def test_blocks_are_contiguous_and_cover_everything():
     assert Collective(world=1).block(items) == (0, items)
 
 
+def test_tensor_parallel_groups_share_a_block():
+    """vLLM tensor parallel: ranks 2k and 2k+1 form one engine and serve the
+    same block; one block per group covers everything in order."""
+    items = list(range(7))
+    blocks = {}
+    for rank in range(4):
+        c = Collective(world=1)
+        c.rank, c.world = rank, 4
+        blocks[rank] = c.block(items, group=2)
+    assert blocks[0] == blocks[1] and blocks[2] == blocks[3]
+    assert blocks[0][1] + blocks[2][1] == items and blocks[2][0] == len(blocks[0][1])
+
+
+def test_tensor_parallel_must_divide_the_processes():
+    from lora_triplay.engine.sharded import ShardedEngine
+    from lora_triplay.engine.vllm import parallel_kwargs
+    from lora_triplay.errors import UserError
+
+    c = Collective(world=1)
+    c.world = 3
+    with pytest.raises(UserError, match="tensor_parallel_size 2 must divide the number of processes"):
+        ShardedEngine(object(), c, group=2)
+    with pytest.raises(UserError, match="tensor_parallel_size 2 must divide"):
+        parallel_kwargs(3, 2, cpu=False)
+    with pytest.raises(UserError, match="needs GPUs"):
+        parallel_kwargs(2, 1, cpu=True)
+    assert parallel_kwargs(8, 2, cpu=False) == {"distributed_executor_backend": "external_launcher"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,6 +8,10 @@ metrics and pools come out identical on every rank without a second code
 path. Sampling is seeded per request (`base.row_seed`) from one draw of the
 global RNG that every rank makes alike: a request samples the same tokens
 on whichever rank serves it, and the run resumes exactly.
+
+With vLLM tensor parallel (`engine.tensor_parallel_size` = t > 1) every t
+consecutive ranks form one engine: they serve the same block, and one
+rank per group contributes to the gather.
 """
 from __future__ import annotations
 
@@ -17,12 +21,15 @@ from typing import Sequence
 import torch
 
 from ..distributed import Collective
+from ..errors import UserError
 from .base import Completion, Request, Sampling
 
 
 class ShardedEngine:
-    def __init__(self, inner, collective: Collective):
-        self.inner, self.collective = inner, collective
+    def __init__(self, inner, collective: Collective, group: int = 1):
+        if collective.world % group:
+            raise UserError(f"engine.tensor_parallel_size {group} must divide the number of processes ({collective.world})")
+        self.inner, self.collective, self.group = inner, collective, group
         self.local_requests = 0  # what this rank served (generate + scoring), for reports
 
     def __getattr__(self, name):  # adapters, encode, sync, sleep ...: the rank's own engine
@@ -31,16 +38,20 @@ class ShardedEngine:
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
         if sampling.seed is None and not sampling.greedy:
             sampling = replace(sampling, seed=int(torch.randint(0, 2**31 - 1, (1,))))
-        start, mine = self.collective.block(list(requests))
+        start, mine = self.collective.block(list(requests), self.group)
         self.local_requests += len(mine)
         local = self.inner.generate(mine, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start))
-        out = [comps for part in self.collective.gather(local) for comps in part]
+        out = [comps for part in self._gather(local) for comps in part]
         for r_i, comps in enumerate(out):
             for comp in comps:
                 comp.request_index = r_i
         return out
 
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
-        _, mine = self.collective.block(list(requests))
+        _, mine = self.collective.block(list(requests), self.group)
         self.local_requests += len(mine)
-        return [scores for part in self.collective.gather(self.inner.score_choices(mine)) for scores in part]
+        return [scores for part in self._gather(self.inner.score_choices(mine)) for scores in part]
+
+    def _gather(self, local):
+        """Every engine group's part, in order (one rank's copy per group)."""
+        return self.collective.gather(local)[:: self.group]

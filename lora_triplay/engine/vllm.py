@@ -35,6 +35,7 @@ from typing import Sequence
 
 import torch
 
+from ..errors import UserError
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose
 from .vllm_adapters import AdapterServing, _Served, write_zero_adapter
 from .vllm_setup import (
@@ -75,6 +76,7 @@ class VLLMEngine(AdapterServing, ChatTokens):
         work_dir: str | Path | None = None,
         zero_template: str | Path | None = None,
         llm_kwargs: dict | None = None,
+        processes: int = 1,
     ):
         LLM, self._SamplingParams, self._TokensPrompt, self._LoRARequest = _import_vllm()
         self.cpu = _is_cpu_platform()
@@ -139,6 +141,8 @@ class VLLMEngine(AdapterServing, ChatTokens):
             # vLLM checks free memory against its share at start: hand back
             # what torch's allocator cached while the trainer loaded.
             torch.cuda.empty_cache()
+        if processes > 1:
+            kwargs.update(parallel_kwargs(processes, tensor_parallel_size, self.cpu))
         kwargs.update(llm_kwargs or {})
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
@@ -184,6 +188,7 @@ class VLLMEngine(AdapterServing, ChatTokens):
             enable_sleep_mode=e.enable_sleep_mode,
             trust_remote_code=r.model.trust_remote_code,
             revision=r.model.revision,
+            processes=session.collective.world,
         )
         for role in ("red", "blue", "eval"):
             engine.sync_adapter(role)
@@ -308,3 +313,16 @@ class VLLMEngine(AdapterServing, ChatTokens):
                 pass
             del llm
         self._cleanup()
+
+
+def parallel_kwargs(processes: int, tensor_parallel_size: int, cpu: bool) -> dict:
+    """vLLM inside a multi-process run (`run --nproc N`): one engine per
+    tensor-parallel group of consecutive ranks, in the training processes
+    themselves (vLLM's `external_launcher`, as TRL's colocate mode does),
+    each group serving its block of every call (engine/sharded.py)."""
+    if cpu:
+        raise UserError("engine.backend=vllm with several processes needs GPUs (one engine per GPU group); "
+                         "on the CPU use engine.backend=hf with --nproc, or vllm in one process")
+    if processes % tensor_parallel_size:
+        raise UserError(f"engine.tensor_parallel_size {tensor_parallel_size} must divide the number of processes ({processes})")
+    return {"distributed_executor_backend": "external_launcher"}
