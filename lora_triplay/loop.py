@@ -19,7 +19,7 @@ from .faults import crash_point
 from .grpo import Sample, group_advantages
 from .judging.parsing import extract_wrapped_prompt, parse_label
 from .judging.refusals import refused
-from .league import assign_writers, league_defenders
+from .league import assign_writers, league_defenders, tally
 from .recipe import LABELS, DefenderConfig
 from .rewards import (
     attack_succeeded,
@@ -189,6 +189,11 @@ class Phases:
                      and attack_succeeded(x.labels, rw.success_class)]
         metrics = self._red_metrics(rollouts, valid, defenders, samples, len(successes), bad_cls + bad_sem)
         metrics.update(_rates(labels, "judge_rate_"))
+        if self.s.recipe.league.size:  # past blues' games for league.sampling=winrate: a member wins when red fails
+            for d in defenders:
+                if d.adapter.startswith("blue@"):
+                    judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
+                    tally(self.s.state.setdefault("league_record", {}), d.adapter, len(judged), sum(c != rw.success_class for c in judged))
         return StepResult(
             samples, metrics,
             asp_rows=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step} for x in successes],
@@ -273,6 +278,10 @@ class Phases:
         if old_attacks:  # blue against attacks written by past reds (league.py)
             metrics.update(_rates([lab for lab, _ in old_attacks], "league_rate_"))
             metrics["league_refusal_rate"] = _mean([float(refused(c.text)) for _, c in old_attacks])
+            record = self.s.state.setdefault("league_record", {})
+            for (_, p, _), lab in zip(flat, labels):  # a past red wins when blue's answer is the attack's success
+                if p[3].startswith("red@") and lab is not None:
+                    tally(record, p[3], 1, int(lab == r.rewards.success_class))
         metrics["completion_tokens"] = _mean(len(c.token_ids) for _, _, c in flat)
         transcripts = [
             {"phase": "blue", "iteration": iteration, "step": step, "kind": p[2], "prompt": p[1], "response": c.text, "label": lab}

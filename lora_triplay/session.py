@@ -258,10 +258,11 @@ class Session:
             total = self.control.steps(it, phase)
             self.hooks.phase_start(it, phase, st["step"], total)
             if phase == "red" and st["step"] < total:
-                members = league.league_defenders(r.league, DefenderConfig)
+                blues = self.store.snapshots("blue")
+                members = league.league_defenders(r.league, DefenderConfig, max(blues) if blues else 0, st.get("league_record"))
                 self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine)
             if phase == "blue" and st["step"] < total:
-                self.attackers = league.resolve_attackers(r.league, self.store, self.engine)
+                self.attackers = league.resolve_attackers(r.league, self.store, self.engine, st.get("league_record"))
             activate(self.model, ROLE_ADAPTERS[role])
             self.model.eval()
             self._place_optimizer_states(role)

@@ -13,6 +13,8 @@ from lora_triplay.league import (
     assign_writers,
     league_defenders,
     member_weights,
+    tally,
+    win_rate,
 )
 from lora_triplay.recipe import DefenderConfig
 
@@ -20,6 +22,22 @@ from lora_triplay.recipe import DefenderConfig
 def test_member_weights():
     assert member_weights(LeagueConfig(size=4)) == pytest.approx([0.25] * 4)
     assert member_weights(LeagueConfig(size=3, sampling="recent")) == pytest.approx([4 / 7, 2 / 7, 1 / 7])
+
+
+def test_winrate_weights_follow_the_record():
+    """A member that still wins is met more often; an unplayed one counts 1/2."""
+    record: dict = {}
+    tally(record, "blue@3", 8, 6)  # blue@3 resisted 6 of red's 8 attacks
+    tally(record, "blue@3", 2, 2)
+    tally(record, "blue@2", 10, 0)  # blue@2 never resists any more
+    assert record["blue@3"] == [10, 8] and win_rate(record, "blue@3") == pytest.approx(9 / 12)
+    assert win_rate(record, "blue@1") == pytest.approx(0.5)
+    cfg = LeagueConfig(size=3, sampling="winrate")
+    raw = [9 / 12, 1 / 12, 0.5]  # blue@3, blue@2, blue@1 (latest 4)
+    assert member_weights(cfg, "blue", 4, record) == pytest.approx([w / sum(raw) for w in raw])
+    ds = league_defenders(LeagueConfig(size=2, weight=0.5, sampling="winrate"), DefenderConfig, 4, record)
+    assert ds[0].weight > ds[1].weight and sum(d.weight for d in ds) == pytest.approx(0.5)
+    assert member_weights(cfg) == pytest.approx([1 / 3] * 3)  # no latest yet: uniform
 
 
 def test_league_defenders_split_the_league_weight():
@@ -46,7 +64,7 @@ grpo: {{group_size: 2, prompts_per_step: 4, lr: 1.0e-2, max_new_tokens: 6}}
 rewards: {{judge_mode: choice, embedding_model: hashing}}
 experts: {{safety_experts: 2, utility_experts: 2}}
 data: {{benign_share: 0.0}}
-league: {{size: 2, weight: 0.5, attacker_share: 0.5}}
+league: {{size: 2, weight: 0.5, attacker_share: 0.5, sampling: winrate}}
 """
 
 
@@ -62,3 +80,7 @@ def test_a_run_with_a_league(tiny_model_dir, tmp_path):
     assert "league_refusal_rate" not in by[(1, "blue")] and "league_refusal_rate" in by[(2, "blue")]
     assert "asr_league" not in by[(2, "red")] and "asr_league" in by[(3, "red")]
     assert by[(3, "red")]["defenders"] >= 3
+    # winrate sampling: every league game is on record (state.json), for both kinds of member
+    record = json.loads((tmp_path / "run" / "state.json").read_text())["league_record"]
+    assert any(k.startswith("blue@") for k in record) and any(k.startswith("red@") for k in record)
+    assert all(0 <= won <= played and played > 0 for played, won in record.values())
