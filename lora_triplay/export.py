@@ -27,7 +27,6 @@ from pathlib import Path
 
 from .atomic import write_folder
 from .model import ModelError, resolve_base
-from .recipe import ROLE_NAMES
 from .runs import read_run_recipe, snapshot_folder
 from .snapshots import parse_role
 from .store import RunStore
@@ -200,7 +199,7 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
     run_dir, out = Path(run_dir), Path(out)
     if not run_dir.is_dir():
         raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote")
-    read_run_recipe(run_dir)  # a clear error before any work
+    recipe = read_run_recipe(run_dir)  # a clear error before any work
     if device not in ("cpu", "cuda"):
         raise ModelError(f"--device {device!r}: use cpu or cuda")
     if device == "cuda":
@@ -209,7 +208,9 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
         if not torch.cuda.is_available():
             raise ModelError("--device cuda: no CUDA device is visible; merge on the CPU (--device cpu)")
     if role == "all":
-        roles = [(r, iteration) for r in ROLE_NAMES]
+        from .games import game_class
+
+        roles = [(r, iteration) for r in game_class(recipe.game).roles]
     else:
         name, it = parse_role(role, allow_base=False)
         if it is not None and iteration is not None and it != iteration:

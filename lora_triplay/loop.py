@@ -62,6 +62,10 @@ class StepResult:
     panel_rows: list[dict] = field(default_factory=list)
     transcripts: list[dict] = field(default_factory=list)
 
+    def jsonl_rows(self) -> dict[str, list[dict]]:
+        """Rows per run-folder file (games/triplay.py's `jsonl`)."""
+        return {"asp": self.asp_rows, "eval_pairs": self.eval_rows, "panel": self.panel_rows, "transcripts": self.transcripts}
+
 
 def _mean(xs) -> float:
     xs = [x for x in xs if x is not None]

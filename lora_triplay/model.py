@@ -198,15 +198,16 @@ def peft_lora_config(cfg: LoraConfig):
     )
 
 
-def attach_role_adapters(base, cfg: LoraConfig, seed: int):
-    """Wrap the base in a PeftModel holding one fresh adapter per role.
+def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str] | None = None):
+    """Wrap the base in a PeftModel holding one fresh adapter per role
+    (`names`: the game's adapter names; default TriPlay's).
 
     B is zero at init (PEFT's default), so every role starts as the base;
     A differs per role because each gets its own seeded draw.
     """
     from peft import get_peft_model
 
-    names = list(ROLE_ADAPTERS.values())
+    names = list(names or ROLE_ADAPTERS.values())
     torch.manual_seed(seed)
     try:
         model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])

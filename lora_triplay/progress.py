@@ -15,18 +15,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
-# Metrics worth a column in the one-line-per-step log, by phase.
-HEADLINE = {
-    "red": ("reward_mean", "asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "entropy"),
-    "blue": ("reward_mean", "rate_negative", "rate_rejective", "rate_positive", "benign_refusal_rate", "kl"),
-    "eval": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement", "kl"),
-    "eval_warmup": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement"),
-}
 
-
-def step_line(row: dict) -> str:
+def step_line(row: dict, headline: dict[str, tuple[str, ...]]) -> str:
+    """One step's log line: the game's headline metrics for its phase."""
     parts = [f"it {row['iteration']}", f"{row['phase']:<4}", f"step {row['step']}"]
-    for key in HEADLINE.get(row["phase"], ("reward_mean",)):
+    for key in headline.get(row["phase"], ("reward_mean",)):
         if key in row:
             parts.append(f"{key}={row[key]:.3f}")
     for key in row:
@@ -36,17 +29,17 @@ def step_line(row: dict) -> str:
     return "  ".join(parts)
 
 
-def summary_table(rows: list[dict], iteration: int) -> Table:
+def summary_table(rows: list[dict], iteration: int, headline: dict[str, tuple[str, ...]]) -> Table:
     table = Table(title=f"iteration {iteration}: mean over steps")
     table.add_column("phase")
     table.add_column("steps", justify="right")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for phase in HEADLINE:
+    for phase in headline:
         mine = [r for r in rows if r["iteration"] == iteration and r["phase"] == phase]
         if not mine:
             continue
-        keys = [k for k in HEADLINE[phase] if any(k in r for r in mine)]
+        keys = [k for k in headline[phase] if any(k in r for r in mine)]
         keys += sorted({k for r in mine for k in r if k.startswith("asr_") and k not in keys})
         for i, key in enumerate(keys):
             vals = [r[key] for r in mine if key in r]
@@ -56,7 +49,10 @@ def summary_table(rows: list[dict], iteration: int) -> Table:
 
 def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True,
                       quiet: bool = False) -> None:
+    from .games import game_class
     from .session import Session
+
+    headline = game_class(recipe.game).headline
 
     console = Console(stderr=False, quiet=quiet)
     t0 = time.perf_counter()
@@ -70,7 +66,7 @@ def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change
             tasks["current"] = bar.add_task(f"iter {it} P_{phase}", total=max(total, 1), completed=done if total else 1)
 
         def step_done(row):
-            console.print(step_line(row))
+            console.print(step_line(row, headline))
             bar.advance(tasks["current"])
 
         session.hooks.phase_start = phase_start
@@ -78,5 +74,5 @@ def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change
         session.run()
     rows = session.store.read_jsonl("metrics")
     last_it = max((r["iteration"] for r in rows), default=recipe.iterations)
-    console.print(summary_table(rows, last_it))
+    console.print(summary_table(rows, last_it, headline))
     console.print(f"done in {time.perf_counter() - t0:.1f}s; run folder: [bold]{folder.resolve()}[/]")

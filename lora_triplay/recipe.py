@@ -291,6 +291,25 @@ class Recipe(_Strict):
     control: ControlConfig = Field(default_factory=ControlConfig)  # beyond the paper: control.py
     league: LeagueConfig = Field(default_factory=LeagueConfig)  # beyond the paper: league.py
     seed: int = 0
+    # the self-play game (lora_triplay/games/): triplay's settings are the
+    # sections above; another game reads `game_config`, checked by its Config
+    game: str = Field("triplay", description="the game played: a module of lora_triplay/games/")
+    game_config: dict[str, Any] = Field(default_factory=dict, description="the game's own settings (its Config)")
+
+    @model_validator(mode="after")
+    def _check_game(self) -> "Recipe":
+        from pydantic import ValidationError
+
+        from .games import game_class
+
+        cls = game_class(self.game)
+        try:
+            cls.Config.model_validate(self.game_config)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise ValueError(f"game_config.{where}: {err['msg']} (game {self.game})") from None
+        return self
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":

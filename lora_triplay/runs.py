@@ -13,14 +13,13 @@ from pathlib import Path
 import yaml
 
 from .model import (
-    ROLE_ADAPTERS,
     ModelError,
     add_frozen_adapter,
     attach_role_adapters,
     load_adapter_weights,
     load_base,
 )
-from .recipe import ROLE_NAMES, Recipe, build_recipe
+from .recipe import Recipe, build_recipe
 from .snapshots import parse_role
 from .store import RunStore
 
@@ -68,8 +67,9 @@ def read_run_recipe(run_dir: Path) -> Recipe:
 
 
 def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None = None) -> OpenRun:
-    """Load base + the three role adapters at `iteration` (None = latest)."""
+    """Load base + the game's role adapters at `iteration` (None = latest)."""
     from .engine.hf import HFEngine
+    from .games import game_class
 
     run_dir = Path(run_dir)
     recipe = read_run_recipe(run_dir)
@@ -77,9 +77,10 @@ def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None 
         recipe.model.device = device
     store = RunStore(run_dir)
     base, tokenizer, base_path = load_base(recipe.model)
-    model = attach_role_adapters(base, recipe.lora, recipe.seed)
-    for role in ROLE_NAMES:
-        load_adapter_weights(model, ROLE_ADAPTERS[role], snapshot_folder(store, role, iteration), expect_rank=recipe.lora.rank)
+    roles = game_class(recipe.game).roles  # role -> adapter name, whatever the game
+    model = attach_role_adapters(base, recipe.lora, recipe.seed, list(roles.values()))
+    for role, adapter in roles.items():
+        load_adapter_weights(model, adapter, snapshot_folder(store, role, iteration), expect_rank=recipe.lora.rank)
     model.eval()
     engine = HFEngine(
         model, tokenizer,

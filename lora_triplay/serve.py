@@ -17,7 +17,6 @@ from typing import Iterable, Sequence
 
 from .engine.vllm_setup import vllm_lora_rank
 from .model import ModelError, resolve_base
-from .recipe import ROLE_NAMES
 from .runs import read_run_recipe, snapshot_folder
 from .store import RunStore
 
@@ -89,7 +88,9 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
         raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote")
     recipe = read_run_recipe(run_dir)
     store = RunStore(run_dir)
-    modules: dict[str, Path] = {role: snapshot_folder(store, role, iteration) for role in ROLE_NAMES}
+    from .games import game_class
+
+    modules: dict[str, Path] = {role: snapshot_folder(store, role, iteration) for role in game_class(recipe.game).roles}
     for spec in snapshots:
         role, it = parse_role(spec, allow_base=False)
         if it is None:

@@ -1,8 +1,10 @@
-"""A run: model, engine, learners, pools and the run folder, kept in step.
+"""The core of a run, whatever the game: model, engine, learners and the
+run folder, kept in step.
 
-`Session.open()` builds or resumes a run; `Session.run()` drives iterations
-of P_red -> P_blue -> P_eval and commits after every GRPO step:
-adapter + optimizer + JSONL rows + RNG first, `state.json` last.
+`Session.open()` builds or resumes a run; `Session.run()` drives the
+game's iterations and phases (games/: TriPlay's are P_red -> P_blue ->
+P_eval) and commits after every GRPO step: adapter + optimizer + JSONL
+rows + RNG first, `state.json` last. What a step does is the game's.
 """
 from __future__ import annotations
 
@@ -17,18 +19,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import defenders as defender_set
-from . import league
-from .control import PhaseControl
 from .distributed import Collective
 from .errors import UserError
-from .experts import ExpertPanel, build_sources
 from .faults import crash_point
+from .games import StepResult, make_game
 from .grpo import GrpoLearner
 from .logprobs import LogprobComputer, logit_transform
-from .loop import Phases, StepResult
 from .model import (
-    ROLE_ADAPTERS,
     activate,
     adapter_parameters,
     attach_role_adapters,
@@ -38,21 +35,16 @@ from .model import (
     save_adapter,
 )
 from .recipe import (
-    ROLE_NAMES,
-    DefenderConfig,
     Recipe,
     RecipeError,
     build_recipe,
     diff_recipes,
 )
-from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
-from .rundata import RunData
-from .store import JSONL, FollowerStore, RunStore, restore_rng, rng_state
+from .store import FollowerStore, RunStore, restore_rng, rng_state
 from .trackers import Trackers, check_installed
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 2
-PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval"}  # whose adapter a phase trains
 
 
 class RunError(UserError):
@@ -95,6 +87,8 @@ def check_fits_gpu(recipe: Recipe) -> None:
 class Session:
     def __init__(self, recipe: Recipe, store: RunStore, state: dict, check_plan: bool = True, collective: Collective | None = None):
         self.recipe, self.store, self.state = recipe, store, state
+        self.game = make_game(recipe)
+        self.files = ("metrics", *self.game.jsonl)  # the run folder's JSONL files
         self.collective = collective or Collective(world=1)
         self.hooks = Hooks()
         self.check_plan = check_plan
@@ -107,6 +101,7 @@ class Session:
         # the same data; rank 0 alone writes the run folder (distributed.py).
         collective = Collective()
         store = RunStore(run_dir) if collective.main else FollowerStore(run_dir)
+        game = make_game(recipe)
         created = False
         had_state = store.has_state()
         collective.barrier()  # every rank has looked before rank 0 writes
@@ -129,13 +124,14 @@ class Session:
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
             created = collective.main and not Path(run_dir).exists()
             store.create()
-            for name in JSONL if collective.main else ():  # every run folder has the same files, empty or not
+            files = ("metrics", *game.jsonl)
+            for name in files if collective.main else ():  # every run folder has the same files, empty or not
                 store.path(f"{name}.jsonl").touch(mode=0o600)
             state = {
-                "version": STATE_VERSION, "iteration": 1, "phase": recipe.phases_of(1)[0], "step": 0, "done": False,
-                "cursor": 0, "benign_cursor": 0, "counts": {name: 0 for name in JSONL},
+                "version": STATE_VERSION, "iteration": 1, "phase": game.phases_of(1)[0], "step": 0, "done": False,
+                **game.initial_state(), "counts": {name: 0 for name in files},
                 "global_step": 0, "base": recipe.model.base, "checkpoints": {},
-                "nonfinite": {role: 0 for role in ROLE_NAMES},
+                "nonfinite": {role: 0 for role in game.roles},
             }
         if state.get("world_size", collective.world) != collective.world:
             # Rollouts are seeded per request and gradients summed over ranks:
@@ -159,36 +155,27 @@ class Session:
             check_fits_gpu(r)
         t0 = time.perf_counter()
         base, self.tokenizer, self.base_path = load_base(r.model)
-        self.model = attach_role_adapters(base, r.lora, r.seed)
+        game = self.game
+        self.model = attach_role_adapters(base, r.lora, r.seed, list(game.roles.values()))
         self.model.eval()
-        log.info("base %s loaded with 3 adapters in %.1fs", r.model.base, time.perf_counter() - t0)
+        log.info("base %s loaded with %d adapters in %.1fs (game %s)", r.model.base, len(game.roles), time.perf_counter() - t0, game.name)
         self.engine = self._make_engine()
         if self.collective.world > 1:
             from .engine.sharded import ShardedEngine
 
             tp = r.engine.tensor_parallel_size if r.engine.backend == "vllm" else 1
             self.engine = ShardedEngine(self.engine, self.collective, group=tp)
-        encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
-        self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
-        device = next(self.model.parameters()).device
-        sources = build_sources(r.experts.models, self.engine, device, self.model.dtype, r.model.trust_remote_code)
-        self.panel = ExpertPanel(self.engine, r.experts, max_new_tokens=r.judge_budget(),
-                                 choice_mode=r.rewards.judge_mode == "choice", sources=sources)
-        self.data = RunData(r, self.state, self.panel)
-        self.control = PhaseControl(r.control, r, self.state)
-        self.defenders: list[defender_set.Defender] = []
-        self.attackers: list[tuple[str, float]] = []  # league members writing blue's prompts (league.py)
-        self.phases = Phases(self)
         self.trackers = Trackers(r.run.report_to if self.collective.main else [], self.store.root, r.model_dump(mode="json"), self.store.root.name)
         self.learners: dict[str, GrpoLearner] = {}
         computer = LogprobComputer(r.grpo.logprob_kernel, r.grpo.logprob_chunk_tokens, logit_transform(self.model.config))
-        for role in ROLE_NAMES:
-            params = list(adapter_parameters(self.model, ROLE_ADAPTERS[role]).values())
-            self.learners[role] = GrpoLearner(self.model, params, r.grpo, r.role_lr(role), self.tokenizer.pad_token_id,
-                                              computer=computer, max_new_tokens=r.max_new_tokens_of(role), collective=self.collective)
+        for role, adapter in game.roles.items():
+            params = list(adapter_parameters(self.model, adapter).values())
+            self.learners[role] = GrpoLearner(self.model, params, r.grpo, game.lr_of(role), self.tokenizer.pad_token_id,
+                                              computer=computer, max_new_tokens=game.max_new_tokens_of(role), collective=self.collective)
+        game.build(self)
         if fresh:
             self.store.write_text("recipe.yaml", r.dump())
-            for role in ROLE_NAMES:
+            for role in game.roles:
                 self.state["checkpoints"][role] = self._checkpoint(role)
                 # iteration 0: the untrained adapter (B = 0, i.e. the base)
                 self.store.snapshot(role, 0, self.store.path(self.state["checkpoints"][role]))
@@ -210,25 +197,24 @@ class Session:
     def _restore(self) -> None:
         """Put every piece back exactly as the last commit left it."""
         st, store = self.state, self.store
-        for name in JSONL:  # rank 0 cuts the rows back to the last commit's counts ...
+        for name in self.files:  # rank 0 cuts the rows back to the last commit's counts ...
             store.truncate_jsonl(name, st["counts"].get(name, 0))
         self.collective.barrier()  # ... before any rank reads them
-        for role in ROLE_NAMES:
+        for role, adapter in self.game.roles.items():
             folder = store.path(st["checkpoints"][role])
-            load_adapter_weights(self.model, ROLE_ADAPTERS[role], folder, expect_rank=self.recipe.lora.rank)
+            load_adapter_weights(self.model, adapter, folder, expect_rank=self.recipe.lora.rank)
             store.load_optimizer(folder, self.learners[role].optimizer)
             self.learners[role].nonfinite_in_a_row = st["nonfinite"][role]
             self.engine.sync_adapter(role)
             store.prune(role, keep=folder)  # checkpoints written after the last commit
-        self.pool.add([row["text"] for row in store.iter_jsonl("asp")])
-        self.data.restore(store)
+        self.game.restore(store)
         restore_rng(st["rng"])
         log.info("resumed %s at iteration %d, phase %s, step %d", store.root, st["iteration"], st["phase"], st["step"])
 
     def _checkpoint(self, role: str) -> str:
         """Write the role's adapter and optimizer state into a new checkpoint
         folder; it counts once `state.json` points to it."""
-        bad = [n for n, t in adapter_parameters(self.model, ROLE_ADAPTERS[role]).items() if not torch.isfinite(t).all()]
+        bad = [n for n, t in adapter_parameters(self.model, self.game.roles[role]).items() if not torch.isfinite(t).all()]
         if bad:
             raise RunError(
                 f"the {role} adapter holds NaN/inf weights ({bad[0]}); it was not saved. The last good one is "
@@ -236,7 +222,7 @@ class Session:
             )
 
         def fill(tmp: Path) -> None:
-            save_adapter(self.model, ROLE_ADAPTERS[role], tmp, self.base_path)
+            save_adapter(self.model, self.game.roles[role], tmp, self.base_path)
             crash_point("checkpoint")  # half-written: the folder still has its temp name
             self.store.save_optimizer(tmp, self.learners[role].optimizer)
 
@@ -251,25 +237,21 @@ class Session:
 
     # ----------------------------------------------------------------- run
     def run(self) -> None:
-        r, st = self.recipe, self.state
+        st, game = self.state, self.game
         while not st["done"]:
             it, phase = st["iteration"], st["phase"]
-            role = PHASE_ROLE[phase]
-            total = self.control.steps(it, phase)
+            role = game.role_of(phase)
+            total = game.steps(it, phase)
             self.hooks.phase_start(it, phase, st["step"], total)
-            if phase == "red" and st["step"] < total:
-                blues = self.store.snapshots("blue")
-                members = league.league_defenders(r.league, DefenderConfig, max(blues) if blues else 0, st.get("league_record"))
-                self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine)
-            if phase == "blue" and st["step"] < total:
-                self.attackers = league.resolve_attackers(r.league, self.store, self.engine, st.get("league_record"))
-            activate(self.model, ROLE_ADAPTERS[role])
+            if st["step"] < total:  # rows a game measures first (committed with the phase's first step)
+                st["counts"]["metrics"] += self.store.append_jsonl("metrics", game.phase_start(it, phase) or [])
+            activate(self.model, game.roles[role])
             self.model.eval()
             self._place_optimizer_states(role)
             while st["step"] < total:
                 self._one_step(it, phase, total)
-                total = self.control.steps(it, phase)  # red may stop early (control.py)
-            if phase in ROLE_NAMES:  # the warm start is part of iteration 1, not a snapshot of its own
+                total = game.steps(it, phase)  # a game may end a phase early (TriPlay: control.py)
+            if game.snapshot_after(phase):
                 self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]))
             self._check_ranks_agree(role)
             self._after_phase(it, phase)
@@ -288,11 +270,10 @@ class Session:
 
     def _one_step(self, it: int, phase: str, total: int) -> None:
         st = self.state
-        role = PHASE_ROLE[phase]
+        role = self.game.role_of(phase)
         t0 = time.perf_counter()
-        self.data.pending = []
         self.engine.wake_up()  # rollouts: the engine gets its memory back
-        result: StepResult = self.phases.run_step(phase, it, st["step"] + 1)
+        result: StepResult = self.game.step(phase, it, st["step"] + 1)
         learner = self.learners[role]
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
@@ -324,8 +305,8 @@ class Session:
         # first and state.json last, every run.checkpoint_every steps and
         # at the end of every phase.
         st["nonfinite"][role] = learner.nonfinite_in_a_row
-        decisions = self.control.after_step(it, phase, row)
-        total = self.control.steps(it, phase)
+        decisions = self.game.after_step(it, phase, row)
+        total = self.game.steps(it, phase)
         commit = st["step"] % self.recipe.run.checkpoint_every == 0 or st["step"] >= total
         if commit:  # the folder first; it only counts once state.json names it (below)
             t4 = time.perf_counter()
@@ -333,10 +314,8 @@ class Session:
             row["checkpoint_seconds"] = round(time.perf_counter() - t4, 3)
         row["step_seconds"] = round(time.perf_counter() - t0, 3)
         counts = st["counts"]
-        counts["asp"] += self.store.append_jsonl("asp", result.asp_rows)
-        counts["eval_pairs"] += self.store.append_jsonl("eval_pairs", result.eval_rows)
-        counts["panel"] += self.store.append_jsonl("panel", result.panel_rows)
-        counts["transcripts"] += self.store.append_jsonl("transcripts", result.transcripts)
+        for name, rows in result.jsonl_rows().items():
+            counts[name] += self.store.append_jsonl(name, rows)
         row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row, *decisions])
         self.trackers.log(row)
@@ -344,37 +323,14 @@ class Session:
             st["checkpoints"][role] = checkpoint
             self._commit()
             self.store.prune(role, keep=self.store.path(st["checkpoints"][role]))
-        self.pool.add([x["text"] for x in result.asp_rows])
-        self.data.commit(result.eval_rows, result.panel_rows)
+        self.game.commit_step(result)
         self.hooks.step_done(row)
 
     def _after_phase(self, it: int, phase: str) -> None:
-        """control.py's decisions at a phase's end (and the drift alarm after
-        P_eval), as metrics rows; committed with the next phase's start."""
-        cfg = self.recipe.control
-        if not (cfg.adaptive or (cfg.drift_check and phase == "eval")):
-            return
-        rows = [r for r in self.store.read_jsonl("metrics") if r.get("iteration") == it]
-        decisions = self.control.after_phase(it, phase, [r for r in rows if r["phase"] == phase])
-        if cfg.drift_check and phase == "eval":
-            decisions += self._drift_check(it, [r for r in rows if r["phase"] == "red"])
-        for row in decisions:
-            level = logging.WARNING if row["reason"].startswith("judge drift") else logging.INFO
-            log.log(level, "control: %s (%s)", row["action"], row["reason"])
+        """The game's rows at a phase's end (TriPlay: control decisions, the
+        drift alarm); committed with the next phase's start."""
+        decisions = self.game.after_phase(it, phase)
         self.state["counts"]["metrics"] += self.store.append_jsonl("metrics", decisions)
-
-    def _drift_check(self, it: int, red_rows: list[dict]) -> list[dict]:
-        from .judging.refusals import refused
-
-        fixed = [r for r in self.store.iter_jsonl("panel") if r.get("panel_label")][: self.recipe.control.drift_pairs]
-        if not fixed:
-            return []
-        labels, _, _ = self.phases.judge([(r["prompt"], r["response"]) for r in fixed])
-        agreement = sum(lab == r["panel_label"] for lab, r in zip(labels, fixed)) / len(fixed)
-        answers = [r["response"] for r in self.store.iter_jsonl("eval_pairs")
-                   if r.get("iteration") == it and r.get("phase") == "red" and r.get("defender") == "blue"]
-        unsafe = sum(not refused(a) for a in answers) / len(answers) if answers else None
-        return self.control.drift(it, agreement, red_rows, unsafe)
 
     def _check_ranks_agree(self, role: str) -> None:
         """Several processes: every rank must hold the adapter rank 0 saved.
@@ -382,7 +338,7 @@ class Session:
         versions) stops the run here rather than training on silently."""
         if self.collective.world == 1:
             return
-        weights = adapter_parameters(self.model, ROLE_ADAPTERS[role]).values()
+        weights = adapter_parameters(self.model, self.game.roles[role]).values()
         mine = [float(sum(w.detach().double().abs().sum() for w in weights)), float(sum(w.detach().double().sum() for w in weights))]
         every = self.collective.gather(mine)
         spread = max(abs(a - b) for x in every for a, b in zip(x, every[0]))
@@ -401,13 +357,13 @@ class Session:
 
     def _advance_phase(self) -> None:
         st = self.state
-        order = self.recipe.phases_of(st["iteration"])
+        order = self.game.phases_of(st["iteration"])
         idx = order.index(st["phase"])
         if idx + 1 < len(order):
             st["phase"], st["step"] = order[idx + 1], 0
         elif st["iteration"] < self.recipe.iterations:
             st["iteration"] += 1
-            st["phase"], st["step"] = self.recipe.phases_of(st["iteration"])[0], 0
+            st["phase"], st["step"] = self.game.phases_of(st["iteration"])[0], 0
         else:
             st["done"] = True
         self._commit()

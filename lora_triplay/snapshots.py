@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from .errors import UserError
 
 ROLES = ("red", "blue", "eval")
-_SPEC = re.compile(r"^(red|blue|eval)(?:@(-?\d+))?$")
+_SPEC = re.compile(r"^([a-z][a-z_]*)(?:@(-?\d+))?$")
+
+
+def _known_roles() -> set[str]:
+    """Every role of every game (games/): `attacker@2` names a Taboo snapshot."""
+    from .games import available, game_class
+
+    return {role for name in available() for role in game_class(name).roles}
 
 
 class SpecError(UserError):
@@ -57,7 +64,7 @@ def parse_spec(text: str) -> Spec:
     if text == "base":
         return Spec(text, "base", None)
     m = _SPEC.match(text)
-    if not m:
+    if not m or m.group(1) not in _known_roles():
         raise SpecError(f"{text!r} is not an adapter name: use base, red, blue, eval, ROLE@N (iteration N) or ROLE@-N (N phases back)")
     index = None if m.group(2) is None else int(m.group(2))
     return Spec(text, m.group(1), index)

@@ -34,7 +34,7 @@ def run(
     nproc: int = typer.Option(1, "--nproc", min=1, help="processes on this machine, through `accelerate launch` (data parallel)"),
     accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: recipes/accelerate/2proc-1node.yaml)"),
 ) -> None:
-    """Train red, blue and eval in turn with GRPO.
+    """Train the game's roles in turn with GRPO (TriPlay: red, blue, eval; `game:` in the recipe).
 
     Example: `lora-triplay run recipes/smoke.yaml phases.red.steps=1 iterations=1`
     """

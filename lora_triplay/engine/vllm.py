@@ -190,7 +190,7 @@ class VLLMEngine(AdapterServing, ChatTokens):
             revision=r.model.revision,
             processes=session.collective.world,
         )
-        for role in ("red", "blue", "eval"):
+        for role in session.game.roles:
             engine.sync_adapter(role)
         return engine
 

@@ -1,0 +1,124 @@
+"""What a game is, for the core that runs it (session.py).
+
+The core owns what every multi-role self-play method needs: one frozen
+base with one LoRA adapter per role, the engine that serves them all in
+mixed batches, a GRPO learner per role, the run folder (checkpoints,
+snapshots, JSONL rows, `state.json`), exact resume, several processes,
+trackers and progress. A game owns the rest: its roles and their adapter
+names, the phases of an iteration and how many steps each takes, what one
+step does (rollouts, rewards, the samples the role trains on, metrics),
+its own JSONL files and pools, and what it keeps in `state.json`.
+
+A game is a module `lora_triplay/games/<name>.py` defining `GAME`, a
+subclass of `Game`; `game: <name>` in a recipe picks it and `game_config:`
+(validated by the game's `Config`) configures it, so adding a game touches
+no file outside its own module, recipes and prompts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class NoConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class StepResult:
+    """One step of a phase: what the phase's role trains on (GRPO samples
+    with advantages), its metrics (one `metrics.jsonl` row), and rows for the
+    game's own JSONL files (`rows[name]` goes to `<name>.jsonl`)."""
+
+    samples: list
+    metrics: dict[str, float]
+    rows: dict[str, list[dict]] = field(default_factory=dict)
+
+    def jsonl_rows(self) -> dict[str, list[dict]]:
+        return self.rows
+
+
+class Game:
+    """Defaults for every hook; a game overrides what it needs."""
+
+    name: ClassVar[str] = ""
+    # role -> PEFT adapter name (a name that is no nn.Module attribute:
+    # `eval` would clash, hence TriPlay's `evaluator`)
+    roles: ClassVar[dict[str, str]] = {}
+    jsonl: ClassVar[tuple[str, ...]] = ()  # the game's files beside metrics.jsonl
+    Config: ClassVar[type[BaseModel]] = NoConfig
+    # metrics worth a column, by phase: the step log line and the closing table
+    headline: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def __init__(self, recipe):
+        self.recipe = recipe
+        self.config = self.Config.model_validate(recipe.game_config or {})
+        self.session = None
+
+    # ---------------------------------------------------------- structure
+    def phases_of(self, iteration: int) -> list[str]:
+        """The phases of one iteration, in order (default: one per role)."""
+        return list(self.roles)
+
+    def role_of(self, phase: str) -> str:
+        """Whose adapter a phase trains."""
+        return phase
+
+    def steps(self, iteration: int, phase: str) -> int:
+        raise NotImplementedError
+
+    def snapshot_after(self, phase: str) -> bool:
+        """Whether the end of `phase` is a snapshot `<role>/iter-N` of its role."""
+        return phase in self.roles
+
+    def lr_of(self, role: str) -> float:
+        return self.recipe.grpo.lr
+
+    def max_new_tokens_of(self, role: str) -> int:
+        return self.recipe.grpo.max_new_tokens
+
+    def initial_state(self) -> dict[str, Any]:
+        """The game's keys in a new run's `state.json`."""
+        return {}
+
+    # ---------------------------------------------------------- lifetime
+    def build(self, session) -> None:
+        """After the model, engine and learners exist: pools, judges, data."""
+        self.session = session
+
+    def restore(self, store) -> None:
+        """On resume, after the adapters: rebuild pools from the JSONL rows."""
+
+    def phase_start(self, iteration: int, phase: str) -> list[dict] | None:
+        """Before a phase's first step (also when resuming inside it); may
+        return `metrics.jsonl` rows (a baseline measured before training)."""
+        return None
+
+    def step(self, phase: str, iteration: int, step: int) -> StepResult:
+        raise NotImplementedError
+
+    def after_step(self, iteration: int, phase: str, row: dict) -> list[dict]:
+        """Extra `metrics.jsonl` rows after a step (decisions, alarms)."""
+        return []
+
+    def commit_step(self, result: StepResult) -> None:
+        """After the step's rows are on disk: pools that rewards read."""
+
+    def after_phase(self, iteration: int, phase: str) -> list[dict]:
+        """Extra `metrics.jsonl` rows at a phase's end."""
+        return []
+
+    # ----------------------------------------------------------- helpers
+    @property
+    def state(self) -> dict:
+        return self.session.state
+
+    @property
+    def engine(self):
+        return self.session.engine
+
+    @property
+    def store(self):
+        return self.session.store

@@ -1,0 +1,132 @@
+"""TriPlay-RL (the paper, ../shared/docs/method.md): red rewrites harmful
+requests, blue answers, eval labels; each trained in turn with GRPO.
+
+This module is the game's side of the core (games/base.py); the phases
+themselves are loop.py, the data rundata.py, the rewards rewards/, and the
+options beyond the paper control.py and league.py. Its settings are the
+recipe's own sections (phases, rewards, defenders, experts, data, control,
+league), so every TriPlay recipe reads as it always did.
+"""
+from __future__ import annotations
+
+import logging
+
+from .. import defenders as defender_set
+from .. import league
+from ..control import PhaseControl
+from ..experts import ExpertPanel, build_sources
+from ..loop import Phases
+from ..model import ROLE_ADAPTERS
+from ..recipe import ROLE_NAMES, DefenderConfig
+from ..rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
+from ..rundata import RunData
+from .base import Game, StepResult
+
+log = logging.getLogger(__name__)
+PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval"}  # whose adapter a phase trains
+
+
+class TriPlay(Game):
+    name = "triplay"
+    roles = dict(ROLE_ADAPTERS)
+    jsonl = ("asp", "eval_pairs", "panel", "transcripts")
+    headline = {
+        "red": ("reward_mean", "asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "entropy"),
+        "blue": ("reward_mean", "rate_negative", "rate_rejective", "rate_positive", "benign_refusal_rate", "kl"),
+        "eval": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement", "kl"),
+        "eval_warmup": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement"),
+    }
+
+    # ---------------------------------------------------------- structure
+    def phases_of(self, iteration: int) -> list[str]:
+        return self.recipe.phases_of(iteration)
+
+    def role_of(self, phase: str) -> str:
+        return PHASE_ROLE[phase]
+
+    def steps(self, iteration: int, phase: str) -> int:
+        return self.control.steps(iteration, phase)
+
+    def snapshot_after(self, phase: str) -> bool:
+        return phase in ROLE_NAMES  # the warm start is part of iteration 1, not a snapshot of its own
+
+    def lr_of(self, role: str) -> float:
+        return self.recipe.role_lr(role)
+
+    def max_new_tokens_of(self, role: str) -> int:
+        return self.recipe.max_new_tokens_of(role)
+
+    def initial_state(self) -> dict:
+        return {"cursor": 0, "benign_cursor": 0}
+
+    # ---------------------------------------------------------- lifetime
+    def build(self, session) -> None:
+        super().build(session)
+        r = self.recipe
+        encoder = HashingEncoder() if r.rewards.embedding_model == "hashing" else load_sentence_encoder(r.rewards.embedding_model)
+        self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
+        device = next(session.model.parameters()).device
+        sources = build_sources(r.experts.models, session.engine, device, session.model.dtype, r.model.trust_remote_code)
+        self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=r.judge_budget(),
+                                 choice_mode=r.rewards.judge_mode == "choice", sources=sources)
+        self.data = RunData(r, session.state, self.panel)
+        self.control = PhaseControl(r.control, r, session.state)
+        self.defenders: list[defender_set.Defender] = []
+        self.attackers: list[tuple[str, float]] = []  # league members writing blue's prompts (league.py)
+        self.phases = Phases(self)
+
+    def restore(self, store) -> None:
+        self.pool.add([row["text"] for row in store.iter_jsonl("asp")])
+        self.data.restore(store)
+
+    def phase_start(self, iteration: int, phase: str) -> None:
+        r, st = self.recipe, self.state
+        if phase == "red":
+            blues = self.store.snapshots("blue")
+            members = league.league_defenders(r.league, DefenderConfig, max(blues) if blues else 0, st.get("league_record"))
+            self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine)
+        if phase == "blue":
+            self.attackers = league.resolve_attackers(r.league, self.store, self.engine, st.get("league_record"))
+
+    def step(self, phase: str, iteration: int, step: int) -> StepResult:
+        self.data.pending = []
+        return self.phases.run_step(phase, iteration, step)
+
+    def after_step(self, iteration: int, phase: str, row: dict) -> list[dict]:
+        return self.control.after_step(iteration, phase, row)
+
+    def commit_step(self, result) -> None:
+        rows = result.jsonl_rows()
+        self.pool.add([x["text"] for x in rows["asp"]])
+        self.data.commit(rows["eval_pairs"], rows["panel"])
+
+    def after_phase(self, iteration: int, phase: str) -> list[dict]:
+        """control.py's decisions at a phase's end (and the drift alarm after
+        P_eval), as metrics rows; committed with the next phase's start."""
+        cfg = self.recipe.control
+        if not (cfg.adaptive or (cfg.drift_check and phase == "eval")):
+            return []
+        rows = [r for r in self.store.read_jsonl("metrics") if r.get("iteration") == iteration]
+        decisions = self.control.after_phase(iteration, phase, [r for r in rows if r["phase"] == phase])
+        if cfg.drift_check and phase == "eval":
+            decisions += self._drift_check(iteration, [r for r in rows if r["phase"] == "red"])
+        for row in decisions:
+            level = logging.WARNING if row["reason"].startswith("judge drift") else logging.INFO
+            log.log(level, "control: %s (%s)", row["action"], row["reason"])
+        return decisions
+
+    def _drift_check(self, it: int, red_rows: list[dict]) -> list[dict]:
+        from ..judging.refusals import refused
+
+        fixed = [r for r in self.store.iter_jsonl("panel") if r.get("panel_label")][: self.recipe.control.drift_pairs]
+        if not fixed:
+            return []
+        labels, _, _ = self.phases.judge([(r["prompt"], r["response"]) for r in fixed])
+        agreement = sum(lab == r["panel_label"] for lab, r in zip(labels, fixed)) / len(fixed)
+        answers = [r["response"] for r in self.store.iter_jsonl("eval_pairs")
+                   if r.get("iteration") == it and r.get("phase") == "red" and r.get("defender") == "blue"]
+        unsafe = sum(not refused(a) for a in answers) / len(answers) if answers else None
+        return self.control.drift(it, agreement, red_rows, unsafe)
+
+
+GAME = TriPlay

@@ -1,0 +1,113 @@
+"""The game interface (games/): TriPlay stays the default, another game runs
+on the same core. Taboo's rules and credit assignment by hand, and a tiny
+end-to-end run with exact resume."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lora_triplay.engine.base import Completion
+from lora_triplay.games import available, game_class
+from lora_triplay.games.taboo import Episode, judge_line, load_words, turn_samples
+from lora_triplay.recipe import RecipeError, load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_games_are_modules_and_triplay_is_the_default():
+    assert {"triplay", "taboo"} <= set(available())
+    assert load_recipe(ROOT / "recipes" / "smoke.yaml").game == "triplay"
+    assert game_class("taboo").roles == {"attacker": "attacker", "defender": "defender"}
+
+
+def test_recipe_errors_name_the_game_and_the_key():
+    with pytest.raises(RecipeError, match="not a game here"):
+        load_recipe(ROOT / "recipes" / "taboo.yaml", ["game=chess"])
+    with pytest.raises(RecipeError, match="game_config.max_turns"):
+        load_recipe(ROOT / "recipes" / "taboo.yaml", ["game_config.max_turns=0"])
+    with pytest.raises(RecipeError, match="game_config.turns"):
+        load_recipe(ROOT / "recipes" / "taboo.yaml", ["game_config.turns=3"])
+
+
+@pytest.mark.parametrize("role,text,expect", [
+    ("defender", "I know the word! It is apple.", ("defender", "correct guess")),
+    ("defender", "i know the word it is APPLES", ("defender", "correct guess")),
+    ("defender", "I know the word! It is pear", ("attacker", "wrong guess")),
+    ("defender", "I like apples in the autumn.", ("attacker", "defender said the word")),
+    ("defender", "Pineapple is sweet.", None),  # another word that contains it
+    ("attacker", "Do you like apple pie?", ("defender", "attacker said the word")),
+    ("attacker", "What grows on trees in an orchard?", None),
+])
+def test_rules(role, text, expect):
+    assert judge_line(role, text, "apple") == expect
+
+
+def test_words_ship_with_the_package_and_bad_files_are_one_line(tmp_path):
+    words = load_words("builtin")
+    assert len(words) >= 200 and all(w.isalpha() for w in words)
+    (tmp_path / "w.txt").write_text("two words\n")
+    with pytest.raises(Exception, match="single words"):
+        load_words(str(tmp_path / "w.txt"))
+    with pytest.raises(Exception, match="no such file"):
+        load_words(str(tmp_path / "nope.txt"))
+
+
+def _comp(n: int) -> Completion:
+    return Completion(adapter="", text="x", prompt_ids=[1, 2], token_ids=[3] * n, logprobs=[0.0] * n, finished=True)
+
+
+def test_every_line_gets_its_games_outcome_centred_over_the_word():
+    won, lost, tie = Episode("apple", 0), Episode("apple", 0), Episode("pear", 1)
+    won.winner, lost.winner, tie.winner = "attacker", "defender", "tie"
+    won.turns["attacker"] = [_comp(1), _comp(2)]
+    lost.turns["attacker"] = [_comp(3)]
+    tie.turns["attacker"] = [_comp(4)]
+    samples = turn_samples([won, lost, tie], "attacker", scale=False)
+    assert [s.reward for s in samples] == [1.0, 1.0, -1.0, 0.0]
+    assert [s.advantage for s in samples] == [1.0, 1.0, -1.0, 0.0]  # apple's games centred on 0; pear alone: 0
+    assert len({s.group for s in samples}) == 4  # each line its own prompt
+    assert [s.reward for s in turn_samples([won, lost], "defender", scale=False)] == []
+
+
+TINY = ["game_config.attacker_steps=1", "game_config.defender_steps=1", "game_config.words_per_step=2",
+        "game_config.episodes_per_word=2", "game_config.max_new_tokens=6", "game_config.measure_words=3", "iterations=2"]
+
+
+def _run(base: str, run_dir: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("LORA_TRIPLAY_CRASH_AT", None)
+    if crash:
+        env["LORA_TRIPLAY_CRASH_AT"] = crash
+    cmd = [sys.executable, "-m", "lora_triplay", "run", str(ROOT / "recipes" / "taboo.yaml"), f"model.base={base}", *TINY,
+           "--run-dir", str(run_dir), *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _rows(run: Path, name: str) -> list[dict]:
+    return [{k: v for k, v in json.loads(x).items() if "seconds" not in k} for x in (run / f"{name}.jsonl").read_text().splitlines()]
+
+
+def test_taboo_runs_on_the_core_and_resumes_exactly(tiny_model_dir, tmp_path):
+    """Two roles on one base: phases, measurement rows before training and
+    after each iteration, one row per game, snapshots per role; killed
+    after a commit and resumed, the run equals the uninterrupted one."""
+    ref = _run(tiny_model_dir, tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    rows = _rows(tmp_path / "ref", "metrics")
+    assert [(r["iteration"], r["phase"]) for r in rows] == [
+        (0, "measure"), (1, "attacker"), (1, "defender"), (1, "measure"), (2, "attacker"), (2, "defender"), (2, "measure")]
+    assert all(0.0 <= r["attacker_win_vs_base"] <= 1.0 for r in rows if r["phase"] == "measure")
+    assert len(_rows(tmp_path / "ref", "games")) == 4 * 2 * 2  # steps x words x games per word
+    for role in ("attacker", "defender"):
+        assert sorted(p.name for p in (tmp_path / "ref" / role).glob("iter-*")) == ["iter-0000", "iter-0001", "iter-0002"]
+    crashed = _run(tiny_model_dir, tmp_path / "killed", crash="commit:3")
+    assert crashed.returncode != 0
+    resumed = _run(tiny_model_dir, tmp_path / "killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for name in ("metrics", "games"):
+        assert _rows(tmp_path / "killed", name) == _rows(tmp_path / "ref", name), name
