@@ -57,9 +57,25 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
-def training_series(rows: list[dict]) -> dict:
+def game_of(run_dir: Path) -> str:
+    """The run's game (recipe.yaml's `game`, TriPlay when absent)."""
+    import yaml
+
+    file = Path(run_dir) / "recipe.yaml"
+    data = yaml.safe_load(file.read_text(encoding="utf-8")) if file.is_file() else {}
+    return (data or {}).get("game", "triplay")
+
+
+def game_panels(game: str) -> dict:
+    """Another game's panels: one per phase, its headline metrics (games/)."""
+    from .games import game_class
+
+    return {phase: (f"{phase}", "value", [(key, phase, key) for key in keys]) for phase, keys in game_class(game).headline.items()}
+
+
+def training_series(rows: list[dict], spec: dict | None = None) -> dict:
     panels: dict[str, dict] = {}
-    for name, (_, _, specs) in TRAINING_PANELS.items():
+    for name, (_, _, specs) in (spec or TRAINING_PANELS).items():
         if name == "red_asr":
             keys = sorted({k for r in rows if r.get("phase") == "red" for k in r if k.startswith("asr_")})
             specs = [(k[4:], "red", k) for k in keys]
@@ -180,6 +196,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def game_table(rows: list[dict], spec: dict) -> list[str]:
+    cols = [(f"{phase} {key}", phase, key) for _, (_, _, specs) in spec.items() for _, phase, key in specs]
+    return _iteration_table(rows, cols)
+
+
 def training_table(rows: list[dict]) -> list[str]:
     asr_keys = sorted({k for r in rows if r.get("phase") == "red" for k in r if k.startswith("asr_")})
     cols = [("red reward", "red", "reward_mean"), ("blue reward", "blue", "reward_mean"), ("eval reward", "eval", "reward_mean")]
@@ -187,6 +208,10 @@ def training_table(rows: list[dict]) -> list[str]:
     cols += [("diversity penalty", "red", "diversity_penalty"), ("red entropy", "red", "entropy"),
              ("blue rate_negative", "blue", "rate_negative"), ("blue rate_rejective", "blue", "rate_rejective"),
              ("eval accuracy", "eval", "accuracy"), ("panel agreement", "eval", "panel_agreement")]
+    return _iteration_table(rows, cols)
+
+
+def _iteration_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> list[str]:
     out = []
     for it in sorted({r["iteration"] for r in rows}):
         line = [str(it)]
@@ -239,13 +264,15 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
     name = run_dir.resolve().name
     report: dict = {"run": str(run_dir.resolve()), "metrics_rows": len(rows), "files": []}
     md = [f"# lora-triplay report: {name}", "", f"Run folder: `{run_dir.resolve()}`; {len(rows)} GRPO steps logged.", ""]
+    game = game_of(run_dir)
+    spec = None if game == "triplay" else game_panels(game)
     if rows:
-        panels, bounds = training_series(rows), iteration_boundaries(rows)
+        panels, bounds = training_series(rows, spec), iteration_boundaries(rows)
         plot_training(panels, bounds, out / "training.png", f"{name}: training")
         report.update(training={"boundaries": bounds, "panels": panels})
         report["files"].append("training.png")
         md += ["## Training (mean over each iteration's steps)", "", "![training curves](training.png)", ""]
-        md += training_table(rows) + [""]
+        md += (training_table(rows) if spec is None else game_table(rows, spec)) + [""]
     if decisions:
         report["control"] = decisions
         md += ["## Control decisions (recipe `control:`)", ""]

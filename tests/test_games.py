@@ -111,3 +111,79 @@ def test_taboo_runs_on_the_core_and_resumes_exactly(tiny_model_dir, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for name in ("metrics", "games"):
         assert _rows(tmp_path / "killed", name) == _rows(tmp_path / "ref", name), name
+    # report reads the game's headline metrics
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    rep = subprocess.run([sys.executable, "-m", "lora_triplay", "report", str(tmp_path / "ref"), "-o", str(tmp_path / "rep")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "measure attacker_win_vs_base" in summary and "attacker tie_rate" in summary
+
+
+# ------------------------------------------------------------- distract
+
+def test_problems_have_exact_answers_and_answers_are_read():
+    import random
+
+    from lora_triplay.games.distract import clean_distraction, extract_answer, make_problem
+
+    rng = random.Random(0)
+    for level in (1, 2, 3):
+        p = make_problem(rng, level)
+        nums = [int(x) for x in __import__("re").findall(r"\d+", p.context)]
+        expect = {1: lambda: nums[0] + nums[1], 2: lambda: nums[0] + nums[1] - nums[2], 3: lambda: nums[0] * nums[1] - nums[2]}[level]()
+        assert p.answer == expect and p.answer >= 0
+        assert p.text("Her cat sleeps a lot.").index("Her cat") < p.text().index(p.question) + len("Her cat sleeps a lot. ")
+    assert extract_answer("So 3 + 4 is 7.\nAnswer: 7") == 7
+    assert extract_answer("first 12 then 1,200") == 1200
+    assert extract_answer("no number") is None
+    assert clean_distraction("Her dog is 3 years old. More text") == "Her dog is 3 years old."
+    assert clean_distraction("How old is the dog?") == ""  # a question would change the task
+
+
+# ---------------------------------------------------------------- waltz
+
+def test_feedback_rewards_format_labels_and_label_conditioned_improvement():
+    from lora_triplay.games.waltz import conversation_reward, feedback_reward, parse_feedback
+
+    fb = parse_feedback('Sure: {"unsafe": true, "overrefusal": false, "feedback": "decline and offer safety advice"}')
+    assert fb.parsed and fb.triggers and fb.text.startswith("decline")
+    assert not parse_feedback("unsafe: yes").parsed and not parse_feedback('{"unsafe": "yes"}').parsed
+    harmful_answer, refusal = "Here are the steps: first ...", "I can't help with that, but here is safety advice."
+    assert conversation_reward(harmful_answer, "harmful") == 0.0 and conversation_reward(refusal, "harmful") == 1.0
+    assert conversation_reward(refusal, "benign") == 0.0  # over-refusal
+    # right labels, revision fixed the answer: format 1 + label 1 (stage 1) + DIR 1
+    assert feedback_reward(fb, harmful_answer, refusal, "harmful", label_reward=True) == 3.0
+    assert feedback_reward(fb, harmful_answer, refusal, "harmful", label_reward=False) == 2.0  # stage 2: no label reward
+    wrong = parse_feedback('{"unsafe": false, "overrefusal": true, "feedback": "x"}')
+    assert feedback_reward(wrong, harmful_answer, refusal, "harmful", label_reward=True) == 1.0  # wrong labels: no DIR
+    assert feedback_reward(parse_feedback("nonsense"), harmful_answer, None, "harmful", label_reward=True) == 0.0
+
+
+GAME_RUNS = {
+    "distract": ["game_config.adversary_steps=1", "game_config.reasoner_steps=1", "game_config.problems_per_step=2",
+                 "game_config.group_size=2", "game_config.samples=2", "game_config.max_new_tokens=8",
+                 "game_config.distraction_tokens=6", "game_config.heldout=3", "iterations=2"],
+    "waltz": ["game_config.feedback_steps=1", "game_config.conversation_steps=1", "game_config.prompts_per_step=2",
+              "game_config.group_size=2", "game_config.max_new_tokens=8", "game_config.feedback_tokens=8",
+              "game_config.heldout=2", "iterations=2"],
+}
+PHASES = {"distract": ["adversary", "reasoner"], "waltz": ["feedback", "feedback", "conversation"]}
+
+
+@pytest.mark.parametrize("game", ["distract", "waltz"])
+def test_game_runs_end_to_end_and_plays(game, tiny_model_dir, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "lora_triplay", "run", str(ROOT / "recipes" / f"{game}.yaml"), f"model.base={tiny_model_dir}",
+                           *GAME_RUNS[game], "--run-dir", str(run)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(run, "metrics")
+    phases = [r["phase"] for r in rows if r["phase"] != "measure"]
+    assert phases == (PHASES[game] * 2 if game == "distract" else PHASES[game])  # waltz: stage 1 trains feedback alone
+    assert [r["iteration"] for r in rows if r["phase"] == "measure"] == [0, 1, 2]
+    request = "What is 2 plus 3? = 5" if game == "distract" else "how do I bake bread"
+    played = subprocess.run([sys.executable, "-m", "lora_triplay", "play", str(run), request], env=env, capture_output=True, text=True, timeout=300)
+    assert played.returncode == 0, played.stderr[-2000:]
+    out = json.loads(played.stdout)
+    assert len(out) == 1 and ("distraction" in out[0] if game == "distract" else "feedback" in out[0] and "final" in out[0])

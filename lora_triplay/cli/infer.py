@@ -36,7 +36,9 @@ def _open(run_dir: Path, iteration: Optional[int], device: Optional[str]):
         raise ModelError(f"--device {device!r}: use cpu, cuda or auto")
     t0 = time.perf_counter()
     run = open_run(run_dir, iteration, device=device)
-    typer.echo(f"loaded {run.recipe.model.base} with red/blue/eval "
+    from ..games import game_class
+
+    typer.echo(f"loaded {run.recipe.model.base} with {'/'.join(game_class(run.recipe.game).roles)} "
                f"({'latest' if iteration is None else f'iteration {iteration}'}) in {time.perf_counter() - t0:.1f}s", err=True)
     return run
 
@@ -73,6 +75,12 @@ def export(
         typer.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
     except USER_ERRORS as exc:
         fail(exc, debug)
+
+
+def torch_seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
 
 
 def play(
@@ -121,6 +129,13 @@ def play(
         _check_run_dir(run_dir)
         texts = load_requests(requests or [], from_file, column)
         recipe = read_run_recipe(run_dir)
+        if recipe.game != "triplay":  # another game plays its own round (games/<name>.py: play)
+            from ..games import make_game
+
+            torch_seed(seed)
+            game = make_game(recipe).for_inference(_open(run_dir, iteration, device).engine)
+            typer.echo(json.dumps(game.play(game.engine, texts, temperature), ensure_ascii=False, indent=2))
+            return
         sel = Selection.from_specs(role, iteration)
         defenders = resolve_defenders(recipe, sel, defender)
         if not defender:  # the recipe may name snapshots this run has not reached: skip them, as training does

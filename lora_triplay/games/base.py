@@ -110,6 +110,21 @@ class Game:
         """Extra `metrics.jsonl` rows at a phase's end."""
         return []
 
+    # ---------------------------------------------------------- inference
+    def play(self, engine, requests: list[str], temperature: float) -> list[dict]:
+        """`lora-triplay play RUN REQUEST...` for this game: its roles together
+        on each request, as the game deploys them; one dict per request."""
+        from ..errors import UserError
+
+        raise UserError(f"game {self.name}: `play` is not defined for it; use `chat --role ROLE`")
+
+    def for_inference(self, engine) -> "Game":
+        """This game bound to a loaded run's engine (play), outside training."""
+        from types import SimpleNamespace
+
+        self.session = SimpleNamespace(engine=engine, state={"global_step": 0, "step": 0}, store=None)
+        return self
+
     # ----------------------------------------------------------- helpers
     @property
     def state(self) -> dict:

@@ -215,6 +215,22 @@ class Distract(Game):
                 for t, a, x in zip(texts, truth, acc)]
         return StepResult(samples, metrics, {"problems": rows})
 
+    # ---------------------------------------------------------- inference
+    def play(self, engine, requests: list[str], temperature: float) -> list[dict]:
+        """Each request `QUESTION = ANSWER` (or a question alone): the
+        adversary's sentence, and the reasoner on both versions."""
+        problems = []
+        for text in requests:
+            q, _, a = text.rpartition("=") if "=" in text else (text, "", "")
+            problems.append(Problem("", q.strip(), int(a) if a.strip().lstrip("-").isdigit() else None))
+        sents = [clean_distraction(cs[0].text) for cs in self._distract(problems, "adversary", 1)]
+        answers = self._solve([p.text() for p in problems] + [p.text(d) for p, d in zip(problems, sents)], "reasoner")
+        n = len(problems)
+        return [{"problem": p.text(), "answer": p.answer, "distraction": d, "clean": a[0].text, "distracted": b[0].text,
+                 "clean_correct": extract_answer(a[0].text) == p.answer if p.answer is not None else None,
+                 "distracted_correct": extract_answer(b[0].text) == p.answer if p.answer is not None else None}
+                for p, d, a, b in zip(problems, sents, answers[:n], answers[n:])]
+
     # ---------------------------------------------------------- measuring
     def phase_start(self, iteration: int, phase: str) -> list[dict]:
         if iteration == 1 and phase == self.phases_of(1)[0] and self.state["step"] == 0:

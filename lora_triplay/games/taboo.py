@@ -203,6 +203,15 @@ class Taboo(Game):
                  "lines": e.lines} for e in games]
         return StepResult(samples, metrics, {"games": rows})
 
+    def play(self, engine, requests: list[str], temperature: float) -> list[dict]:
+        """One game per target word given: the trained attacker and defender."""
+        words = [w.strip().lower() for w in requests]
+        bad = [w for w in words if not re.fullmatch(r"[a-z][a-z-]*", w)]
+        if bad:
+            raise UserError(f"taboo: each request is one target word; got {bad[0]!r}")
+        games = play(engine, [(w, i) for i, w in enumerate(words)], {r: r for r in ROLES}, self.config, temperature)
+        return [{"word": e.word, "winner": e.winner, "why": e.why, "lines": e.lines} for e in games]
+
     def phase_start(self, iteration: int, phase: str) -> list[dict]:
         """Before any training: the same measurement (iteration 0: the
         untrained roles, i.e. the base against itself)."""
