@@ -152,6 +152,7 @@ def run_server(cmd: Sequence[str], log_path: Path, echo) -> int:
     """Start the server; until it is ready its output goes to `log_path`
     only (a failed start is one line, not a traceback), then it streams.
     Returns the server's exit code (0 when stopped with Ctrl-C)."""
+    import signal
     import subprocess
     import threading
 
@@ -174,12 +175,24 @@ def run_server(cmd: Sequence[str], log_path: Path, echo) -> int:
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+
+    def stop(signum, frame):  # SIGTERM (a supervisor, `docker stop`): as Ctrl-C, or the server outlives us
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         return 0
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     reader.join(timeout=5)
     if code != 0 and not ready.is_set():
         raise ModelError(explain_failure(lines, code) + f" (full log: {log_path})")

@@ -77,11 +77,19 @@ def test_serve_answers_every_role_through_the_openai_client(run32):
         chunks = list(client.chat.completions.create(model="red", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True))
         assert len(chunks) >= 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
     finally:
-        proc.terminate()
+        proc.terminate()  # SIGTERM to `lora-triplay serve`: it must take vLLM's server down with it
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             proc.kill()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                break
+        time.sleep(1)
+    else:
+        pytest.fail(f"vLLM's server still answers on port {port} after `serve` was terminated")
 
 
 def test_a_server_that_cannot_start_is_one_line(run32):
