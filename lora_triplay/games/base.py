@@ -93,8 +93,16 @@ class Game:
 
     def phase_start(self, iteration: int, phase: str) -> list[dict] | None:
         """Before a phase's first step (also when resuming inside it); may
-        return `metrics.jsonl` rows (a baseline measured before training)."""
+        return `metrics.jsonl` rows. Default: `measure(0)` before any training."""
+        if iteration == 1 and phase == self.phases_of(1)[0] and self.state["step"] == 0:
+            return self.measure(0)
         return None
+
+    def measure(self, iteration: int) -> list[dict]:
+        """Held-out measurement rows (`phase: measure`), by default before
+        training (iteration 0) and after each iteration's last phase; the
+        run's RNG is restored on resume, so a redone measurement repeats."""
+        return []
 
     def step(self, phase: str, iteration: int, step: int) -> StepResult:
         raise NotImplementedError
@@ -107,8 +115,9 @@ class Game:
         """After the step's rows are on disk: pools that rewards read."""
 
     def after_phase(self, iteration: int, phase: str) -> list[dict]:
-        """Extra `metrics.jsonl` rows at a phase's end."""
-        return []
+        """Extra `metrics.jsonl` rows at a phase's end. Default: `measure`
+        after the iteration's last phase."""
+        return self.measure(iteration) if phase == self.phases_of(iteration)[-1] else []
 
     # ---------------------------------------------------------- inference
     def play(self, engine, requests: list[str], temperature: float) -> list[dict]:

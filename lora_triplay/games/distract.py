@@ -232,14 +232,6 @@ class Distract(Game):
                 for p, d, a, b in zip(problems, sents, answers[:n], answers[n:])]
 
     # ---------------------------------------------------------- measuring
-    def phase_start(self, iteration: int, phase: str) -> list[dict]:
-        if iteration == 1 and phase == self.phases_of(1)[0] and self.state["step"] == 0:
-            return self.measure(0)
-        return []
-
-    def after_phase(self, iteration: int, phase: str) -> list[dict]:
-        return self.measure(iteration) if phase == self.phases_of(iteration)[-1] else []
-
     def measure(self, iteration: int) -> list[dict]:
         """The reasoner's accuracy on held-out problems, clean and with the
         current adversary's sentences (sampled, seeded from the run's RNG)."""

@@ -212,22 +212,9 @@ class Taboo(Game):
         games = play(engine, [(w, i) for i, w in enumerate(words)], {r: r for r in ROLES}, self.config, temperature)
         return [{"word": e.word, "winner": e.winner, "why": e.why, "lines": e.lines} for e in games]
 
-    def phase_start(self, iteration: int, phase: str) -> list[dict]:
-        """Before any training: the same measurement (iteration 0: the
-        untrained roles, i.e. the base against itself)."""
-        if iteration == 1 and phase == self.phases_of(1)[0] and self.state["step"] == 0:
-            return self.measure(0)
-        return []
-
-    def after_phase(self, iteration: int, phase: str) -> list[dict]:
-        """After the iteration's last phase: each role against the untrained
-        base in the other seat, on held-out words (sampled at the recipe's
-        temperature, seeded from the run's RNG, so a resume repeats it)."""
-        if phase != self.phases_of(iteration)[-1]:
-            return []
-        return self.measure(iteration)
-
     def measure(self, iteration: int) -> list[dict]:
+        """Each role against the untrained base in the other seat, on
+        held-out words (iteration 0: the base against itself)."""
         if not self.config.measure_words:
             return []
         words = [(w, i) for i, w in enumerate(self.heldout[: self.config.measure_words])]

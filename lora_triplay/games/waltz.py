@@ -237,14 +237,6 @@ class Waltz(Game):
                 for (p, _), a, f, fb, rev in zip(prompts, answers, fcomps, parsed, revisions)]
 
     # ---------------------------------------------------------- measuring
-    def phase_start(self, iteration: int, phase: str) -> list[dict]:
-        if iteration == 1 and phase == self.phases_of(1)[0] and self.state["step"] == 0:
-            return self.measure(0)
-        return []
-
-    def after_phase(self, iteration: int, phase: str) -> list[dict]:
-        return self.measure(iteration) if phase == self.phases_of(iteration)[-1] else []
-
     def measure(self, iteration: int) -> list[dict]:
         """Held-out prompts: the conversation agent alone and with its
         feedback agent (one feedback, one revision where it triggers)."""
