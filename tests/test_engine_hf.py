@@ -168,6 +168,11 @@ def test_prefix_groups_share_one_batch_and_equal_single_rows(engine):
         alone = engine.generate([r], GREEDY)[0][0]
         assert comps[0].token_ids == alone.token_ids
         assert comps[0].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    choices = ("Label: negative", "Label: positive")
+    scored = engine.score_choices([Request(r.adapter, r.messages, choices=choices) for r in reqs])
+    for r, scores in zip(reqs, scored):
+        for a, b in zip(scores, engine.score_choices([Request(r.adapter, r.messages, choices=choices)])[0]):
+            assert a == pytest.approx(b, abs=1e-4)
 
 
 def test_distinct_prompts_fill_batches(engine):
