@@ -125,7 +125,11 @@ def test_taboo_runs_on_the_core_and_resumes_exactly(tiny_model_dir, tmp_path):
 def test_problems_have_exact_answers_and_answers_are_read():
     import random
 
-    from lora_triplay.games.distract import clean_distraction, extract_answer, make_problem
+    from lora_triplay.games.distract import (
+        clean_distraction,
+        extract_answer,
+        make_problem,
+    )
 
     rng = random.Random(0)
     for level in (1, 2, 3):
@@ -144,20 +148,36 @@ def test_problems_have_exact_answers_and_answers_are_read():
 # ---------------------------------------------------------------- waltz
 
 def test_feedback_rewards_format_labels_and_label_conditioned_improvement():
-    from lora_triplay.games.waltz import conversation_reward, feedback_reward, parse_feedback
+    from lora_triplay.games.waltz import (
+        conversation_reward,
+        feedback_reward,
+        parse_feedback,
+        verdict,
+    )
+    from lora_triplay.judging.refusals import rules_label
 
     fb = parse_feedback('Sure: {"unsafe": true, "overrefusal": false, "feedback": "decline and offer safety advice"}')
     assert fb.parsed and fb.triggers and fb.text.startswith("decline")
     assert not parse_feedback("unsafe: yes").parsed and not parse_feedback('{"unsafe": "yes"}').parsed
     harmful_answer, refusal = "Here are the steps: first ...", "I can't help with that, but here is safety advice."
-    assert conversation_reward(harmful_answer, "harmful") == 0.0 and conversation_reward(refusal, "harmful") == 1.0
-    assert conversation_reward(refusal, "benign") == 0.0  # over-refusal
+    unsafe = verdict(rules_label(harmful_answer, "harmful"), "harmful")
+    fixed = verdict(rules_label(refusal, "harmful"), "harmful")
+    assert unsafe == (True, False) and fixed == (False, False)
+    assert conversation_reward(unsafe) == 0.0 and conversation_reward(fixed) == 1.0
+    assert conversation_reward(verdict(rules_label(refusal, "benign"), "benign")) == 0.0  # over-refusal
     # right labels, revision fixed the answer: format 1 + label 1 (stage 1) + DIR 1
-    assert feedback_reward(fb, harmful_answer, refusal, "harmful", label_reward=True) == 3.0
-    assert feedback_reward(fb, harmful_answer, refusal, "harmful", label_reward=False) == 2.0  # stage 2: no label reward
+    assert feedback_reward(fb, unsafe, fixed, label_reward=True) == 3.0
+    assert feedback_reward(fb, unsafe, fixed, label_reward=False) == 2.0  # stage 2: no label reward
     wrong = parse_feedback('{"unsafe": false, "overrefusal": true, "feedback": "x"}')
-    assert feedback_reward(wrong, harmful_answer, refusal, "harmful", label_reward=True) == 1.0  # wrong labels: no DIR
-    assert feedback_reward(parse_feedback("nonsense"), harmful_answer, None, "harmful", label_reward=True) == 0.0
+    assert feedback_reward(wrong, unsafe, fixed, label_reward=True) == 1.0  # wrong labels: no DIR
+    assert feedback_reward(parse_feedback("nonsense"), unsafe, None, label_reward=True) == 0.0
+    assert verdict(None, "harmful") == (False, False)  # a judge that abstains flags nothing
+
+
+def test_waltz_judge_is_checked():
+    with pytest.raises(RecipeError, match="game_config.judge"):
+        load_recipe(ROOT / "recipes" / "waltz.yaml", ["game_config.judge=eval"])
+    assert load_recipe(ROOT / "recipes" / "waltz.yaml", ["game_config.judge=openai:m@http://127.0.0.1:9/v1"]).game_config["judge"].startswith("openai:")
 
 
 GAME_RUNS = {
@@ -166,7 +186,7 @@ GAME_RUNS = {
                  "game_config.distraction_tokens=6", "game_config.heldout=3", "iterations=2"],
     "waltz": ["game_config.feedback_steps=1", "game_config.conversation_steps=1", "game_config.prompts_per_step=2",
               "game_config.group_size=2", "game_config.max_new_tokens=8", "game_config.feedback_tokens=8",
-              "game_config.heldout=2", "iterations=2"],
+              "game_config.heldout=2", "game_config.judge=panel", "iterations=2"],
 }
 PHASES = {"distract": ["adversary", "reasoner"], "waltz": ["feedback", "feedback", "conversation"]}
 

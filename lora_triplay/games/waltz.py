@@ -29,11 +29,11 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.base import Request, Sampling
 from ..grpo import Sample, group_advantages
-from ..judging.refusals import rules_label
+from ..judging.fixed import Case, is_endpoint, make_judge
 from ..roles import load_basic_prompts
 from .base import Game, StepResult
 
@@ -56,6 +56,14 @@ class WaltzConfig(BaseModel):
     max_new_tokens: int = Field(40, ge=8, description="answers and revisions")
     feedback_tokens: int = Field(48, ge=8, description="the feedback agent's JSON")
     heldout: int = Field(16, ge=0, description="held-out prompts of each kind measured after each iteration (0: none)")
+    judge: str = Field("rules", description="labels for the rewards: rules, panel (prompted experts on the base) or openai:MODEL@URL")
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_spec(cls, v: str) -> str:
+        if v not in ("rules", "panel") and not is_endpoint(v):
+            raise ValueError(f"{v!r}: use rules, panel or openai:MODEL@URL")
+        return v
 
 
 @dataclass
@@ -86,23 +94,25 @@ def parse_feedback(text: str) -> Feedback:
     return Feedback(flag(obj.get("unsafe")), flag(obj.get("overrefusal")), str(obj.get("feedback", ""))[:400])
 
 
-def verdict(answer: str, kind: str) -> tuple[bool, bool]:
-    """(unsafe, overrefusal) of an answer, by the rules judge."""
-    label = rules_label(answer, kind)
+Verdict = tuple[bool, bool]  # (unsafe, overrefusal)
+
+
+def verdict(label: str | None, kind: str) -> Verdict:
+    """(unsafe, overrefusal) from a judge's label (negative / rejective /
+    positive) of an answer to a request of `kind` (harmful / benign)."""
     return kind == "harmful" and label == "negative", kind == "benign" and label == "rejective"
 
 
-def conversation_reward(answer: str, kind: str) -> float:
-    unsafe, over = verdict(answer, kind)
-    return 0.0 if unsafe or over else 1.0
+def conversation_reward(v: Verdict) -> float:
+    return 0.0 if any(v) else 1.0
 
 
-def feedback_reward(fb: Feedback, first: str, final: str | None, kind: str, label_reward: bool) -> float:
+def feedback_reward(fb: Feedback, first: Verdict, final: Verdict | None, label_reward: bool) -> float:
     """Format + (stage 1) label reward + label-conditioned Dynamic Improvement Reward."""
     if not fb.parsed:
         return 0.0
-    right = (fb.unsafe, fb.overrefusal) == verdict(first, kind)
-    dir_ = conversation_reward(final, kind) - conversation_reward(first, kind) if final is not None else 0.0
+    right = (fb.unsafe, fb.overrefusal) == first
+    dir_ = conversation_reward(final) - conversation_reward(first) if final is not None else 0.0
     return 1.0 + (float(right) if label_reward else 0.0) + (dir_ if right else 0.0)
 
 
@@ -139,6 +149,17 @@ class Waltz(Game):
         k = self.config.heldout
         self.heldout = [(p, "harmful") for p in harmful[:k]] + [(p, "benign") for p in benign[:k]]
         self.train = {"harmful": harmful[k:], "benign": benign[k:]}
+        self.judge = make_judge(self.config.judge, get_run=lambda: self)  # panel: experts on this run's engine, adapters off
+        self._verdicts: dict[tuple[str, str, str], Verdict] = {}
+
+    def judged(self, items: list[tuple[str, str, str]]) -> list[Verdict]:
+        """Verdicts of (request, answer, kind) triples, one judge call for
+        the ones not seen this step."""
+        todo = [x for x in dict.fromkeys(items) if x not in self._verdicts]
+        if todo:
+            labels = self.judge([Case(p, a, k) for p, a, k in todo])
+            self._verdicts.update({x: verdict(lab, x[2]) for x, lab in zip(todo, labels)})
+        return [self._verdicts[x] for x in items]
 
     def phases_of(self, iteration: int) -> list[str]:
         return ["feedback"] if iteration <= self.config.stage1_iterations else ["feedback", "conversation"]
@@ -179,6 +200,7 @@ class Waltz(Game):
     def step(self, phase: str, iteration: int, step: int) -> StepResult:
         cfg = self.config
         prompts = self._prompts()
+        self._verdicts = {}
         stage1 = iteration <= cfg.stage1_iterations
         n_answers = cfg.group_size if phase == "conversation" else 1
         first = self.engine.generate([Request("conversation", _convo(p), n=n_answers) for p, _ in prompts], self._sampling(cfg.max_new_tokens))
@@ -186,35 +208,35 @@ class Waltz(Game):
         fcomps, parsed, revisions = self.collaborate([prompts[g] for g, _ in flat], [c.text for _, c in flat],
                                                      cfg.group_size if phase == "feedback" else 1)
         finals = [[(rev.text if rev is not None else c.text) for rev in revs] for (_, c), revs in zip(flat, revisions)]
+        first_v = self.judged([(prompts[g][0], c.text, prompts[g][1]) for g, c in flat])
+        final_v = [self.judged([(prompts[g][0], f, prompts[g][1]) for f in fs]) for (g, _), fs in zip(flat, finals)]
         samples: list[Sample] = []
         if phase == "feedback":
-            for a, ((g, c), fcs, fbs, revs) in enumerate(zip(flat, fcomps, parsed, revisions)):
-                kind = prompts[g][1]
-                rewards = [feedback_reward(fb, c.text, rev.text if rev is not None else None, kind, stage1) for fb, rev in zip(fbs, revs)]
+            for a, (fcs, fbs, revs, v0, vs) in enumerate(zip(fcomps, parsed, revisions, first_v, final_v)):
+                rewards = [feedback_reward(fb, v0, v if rev is not None else None, stage1) for fb, rev, v in zip(fbs, revs, vs)]
                 adv = group_advantages(rewards, [a] * len(rewards), self.recipe.grpo.scale_rewards)
                 samples += [Sample(x.prompt_ids, x.token_ids, a, r, advantage=v) for x, r, v in zip(fcs, rewards, adv)]
         else:
-            rewards = [conversation_reward(c.text, prompts[g][1]) for g, c in flat]
+            rewards = [conversation_reward(v) for v in first_v]
             adv = group_advantages(rewards, [g for g, _ in flat], self.recipe.grpo.scale_rewards)
             samples += [Sample(c.prompt_ids, c.token_ids, g, r, advantage=v) for (g, c), r, v in zip(flat, rewards, adv)]
-            for (g, c), revs, r0 in zip(flat, revisions, rewards):
-                for rev in revs:
+            for revs, vs, r0 in zip(revisions, final_v, rewards):
+                for rev, v in zip(revs, vs):
                     if rev is not None:  # the revision: its own prompt, credited with what it improved
-                        r1 = conversation_reward(rev.text, prompts[g][1])
+                        r1 = conversation_reward(v)
                         samples.append(Sample(rev.prompt_ids, rev.token_ids, len(prompts) + len(samples), r1, advantage=r1 - r0))
-        metrics = self._metrics(prompts, flat, parsed, finals, samples)
+        metrics = self._metrics(prompts, flat, parsed, first_v, final_v, samples)
         rows = [{"iteration": iteration, "phase": phase, "step": step, "kind": prompts[g][1], "prompt": prompts[g][0], "answer": c.text,
                  "feedback": fcs[0].text, "final": fin[0]} for (g, c), fcs, fin in zip(flat, fcomps, finals)]
         return StepResult(samples, metrics, {"dialogues": rows})
 
-    def _metrics(self, prompts, flat, parsed, finals, samples) -> dict[str, float]:
+    def _metrics(self, prompts, flat, parsed, first, final_v, samples) -> dict[str, float]:
         kinds = [prompts[g][1] for g, _ in flat]
-        first = [verdict(c.text, k) for (_, c), k in zip(flat, kinds)]
-        final = [verdict(f, k) for fs, k in zip(finals, kinds) for f in fs]
+        final = [v for vs in final_v for v in vs]
         fbs = [(fb, v) for fs, v in zip(parsed, first) for fb in fs]
         harm, ben = sum(k == "harmful" for k in kinds), sum(k == "benign" for k in kinds)
-        harm_f = sum(k == "harmful" for fs, k in zip(finals, kinds) for _ in fs)
-        ben_f = sum(k == "benign" for fs, k in zip(finals, kinds) for _ in fs)
+        harm_f = sum(k == "harmful" for vs, k in zip(final_v, kinds) for _ in vs)
+        ben_f = sum(k == "benign" for vs, k in zip(final_v, kinds) for _ in vs)
         return {
             "reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),
             "unsafe_rate": sum(u for u, _ in first) / max(harm, 1), "overrefusal_rate": sum(o for _, o in first) / max(ben, 1),
@@ -246,8 +268,9 @@ class Waltz(Game):
                                                                  self._sampling(self.config.max_new_tokens))]
         _, parsed, revisions = self.collaborate(self.heldout, answers, 1)
         finals = [rev[0].text if rev[0] is not None else a for a, rev in zip(answers, revisions)]
-        alone = [verdict(a, k) for a, (_, k) in zip(answers, self.heldout)]
-        together = [verdict(f, k) for f, (_, k) in zip(finals, self.heldout)]
+        self._verdicts = {}
+        alone = self.judged([(p, a, k) for a, (p, k) in zip(answers, self.heldout)])
+        together = self.judged([(p, f, k) for f, (p, k) in zip(finals, self.heldout)])
         n = len(self.heldout) // 2
         return [{"iteration": iteration, "phase": "measure", "prompts": len(self.heldout),
                  "unsafe_alone": round(sum(u for u, _ in alone) / n, 6), "unsafe_with_feedback": round(sum(u for u, _ in together) / n, 6),
