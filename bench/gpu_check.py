@@ -8,7 +8,8 @@ four stages, each timed, each printing one line and adding to one JSON:
   update   one GRPO policy update at realistic lengths (8 completions of
            2,048 tokens after a 1,024-token prompt; KL reference on): peak
            GPU memory against `plan`'s estimate for the same settings; the
-           log-prob kernel `auto` picks (liger when carried, checked first)
+           log-prob kernel `auto` picks (liger when carried, checked first);
+           and with 2 and 8 rows per micro-batch instead of the recipe's 1
   decode   the HF engine, 64 rows (16 each of base/red/blue/eval), 1,024-
            token prompts, 128 new tokens: tokens/s against the roofline
            from HBM bandwidth (measured here) and weight + KV bytes per step
@@ -132,8 +133,14 @@ def stage_update(args, recipe, model, tok, device) -> None:
             comp = torch.randint(5, vocab, (args.completion_tokens,), generator=g).tolist()
             samples.append(Sample(prompt, comp, grp, 0.0, advantage=1.0 if i % 2 else -1.0))
     out = {}
-    for kernel in ("chunked", "auto"):
-        learner = GrpoLearner(model, params, recipe.grpo, lr=1e-5, pad_id=0,
+    # the recipe's micro-batches (grad_accumulation 8: one 3,072-token row
+    # each at these lengths), then 2 and 8 rows per micro-batch: the first
+    # GPU run reached ~16% of the bf16 peak with one row per micro-batch
+    row = args.prompt_tokens + args.completion_tokens
+    for name, kernel, rows in (("chunked", "chunked", None), ("auto", "auto", None), ("auto_mb2", "auto", 2), ("auto_mb8", "auto", 8)):
+        cfg = recipe.grpo if rows is None else recipe.grpo.model_copy(
+            update={"max_tokens_per_microbatch": rows * row, "grad_accumulation": len(samples) // rows})
+        learner = GrpoLearner(model, params, cfg, lr=1e-5, pad_id=0,
                               computer=LogprobComputer(kernel, recipe.grpo.logprob_chunk_tokens))
         if device == "cuda":
             torch.cuda.synchronize()
@@ -145,11 +152,11 @@ def stage_update(args, recipe, model, tok, device) -> None:
         seconds = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
         tokens = len(samples) * (args.prompt_tokens + args.completion_tokens)
-        out[kernel] = {"seconds": round(seconds, 2), "peak_allocated_gb": gb(peak), "kernel": learner.computer.active,
-                       "microbatches": stats.extra.get("microbatches"), "layout": learner.layout,
-                       "tokens_per_s": round(tokens / seconds, 1), "skipped": stats.skipped}
-        say(f"update [{kernel} -> {learner.computer.active}]: {seconds:.1f}s, peak {gb(peak)} GB, "
-            f"{out[kernel]['microbatches']:.0f} micro-batches, layout {learner.layout}, {tokens / seconds:,.0f} tokens/s")
+        out[name] = {"seconds": round(seconds, 2), "peak_allocated_gb": gb(peak), "kernel": learner.computer.active,
+                     "microbatches": stats.extra.get("microbatches"), "layout": learner.layout,
+                     "tokens_per_s": round(tokens / seconds, 1), "skipped": stats.skipped}
+        say(f"update [{name} -> {learner.computer.active}]: {seconds:.1f}s, peak {gb(peak)} GB, "
+            f"{out[name]['microbatches']:.0f} micro-batches, layout {learner.layout}, {tokens / seconds:,.0f} tokens/s")
         del learner
         if device == "cuda":
             torch.cuda.empty_cache()
