@@ -274,3 +274,19 @@ def test_a_seeded_row_samples_the_same_however_it_is_batched(engine):
     torch.manual_seed(5)
     b = engine.generate([Request("red", MSGS[0], n=2)], Sampling(max_new_tokens=8, temperature=1.0))
     assert [c.token_ids for c in a[0]] == [c.token_ids for c in b[0]]
+
+
+def test_a_forced_prefix_starts_the_answer(engine):
+    """Request.prefix: the prompt ends with the prefix's tokens and the
+    completion continues it: the same tokens as transformers' generate from
+    those prompt ids."""
+    msgs = [{"role": "user", "content": "reply in JSON"}]
+    start = '{"unsafe": '
+    got = engine.generate([Request("blue", msgs, prefix=start)], GREEDY)[0][0]
+    pre = list(engine.tokenizer.encode(start, add_special_tokens=False))
+    assert pre and got.prompt_ids == engine.encode(msgs) + pre
+    assert engine.generate([Request("blue", msgs)], GREEDY)[0][0].prompt_ids == engine.encode(msgs)
+    ids = torch.tensor([got.prompt_ids])
+    out = engine.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), adapter_names=[engine._peft_name("blue")],
+                                max_new_tokens=len(got.token_ids), eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id, do_sample=False)
+    assert out[0, ids.shape[1]:].tolist() == got.token_ids

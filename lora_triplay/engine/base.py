@@ -41,6 +41,10 @@ class Request:
     # takes the most likely, sampling draws from their softmax / temperature.
     # A judge that cannot answer off-format, at the cost of one forward pass.
     choices: tuple[str, ...] | None = None
+    # Text the answer is forced to start with (after the chat template's
+    # assistant header); the completion continues it and excludes it. Helps
+    # a small model into a format (a game's JSON reply).
+    prefix: str = ""
 
 
 @dataclass
@@ -119,7 +123,8 @@ class ChatTokens:
             if req.choices:
                 choice.append(i)
             else:
-                gen.append((i, req, adapter, self.encode(req.messages)))
+                prefix = list(self.tokenizer.encode(req.prefix, add_special_tokens=False)) if req.prefix else []
+                gen.append((i, req, adapter, self.encode(req.messages) + prefix))
         return choice, gen
 
 
