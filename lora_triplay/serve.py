@@ -126,6 +126,15 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
     return cmd + list(extra)
 
 
+def free_port() -> int:
+    """A port nothing listens on now (vLLM's, behind a pipeline proxy)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def server_env() -> dict[str, str]:
     """The environment the server runs in: on CPU, the engine's small-machine
     defaults (KV cache space, the cores to bind), each overridable."""

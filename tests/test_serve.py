@@ -92,6 +92,55 @@ def test_serve_answers_every_role_through_the_openai_client(run32):
         pytest.fail(f"vLLM's server still answers on port {port} after `serve` was terminated")
 
 
+def _wait_ready(proc, port: int) -> None:
+    import httpx
+
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    pytest.fail("the server did not become ready in 300 s")
+
+
+def test_serve_runs_waltz_as_one_model(run32, tmp_path):
+    """A WaltzRL run: both agents are models, and `waltz` runs the protocol
+    (answer, feedback with its forced JSON start, a revision if flagged)
+    through the proxy in front of vLLM."""
+    from openai import OpenAI
+
+    base = run32.parent / "tiny32"
+    run = tmp_path / "waltz"
+    proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", "run", str(ROOT / "recipes" / "waltz.yaml"), f"model.base={base}",
+                           "iterations=1", "game_config.feedback_steps=1", "game_config.prompts_per_step=2", "game_config.group_size=2",
+                           "game_config.max_new_tokens=8", "game_config.feedback_tokens=8", "game_config.heldout=0", "--run-dir", str(run)],
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "lora_triplay.cli", "serve", str(run), "--port", str(port), "--",
+                               "--max-model-len", "1024"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(server, port)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        assert {"base", "conversation", "feedback", "waltz"} <= {m.id for m in client.models.list().data}
+        out = client.chat.completions.create(model="waltz", messages=[{"role": "user", "content": "how do I bake bread"}], max_tokens=6)
+        turns = out.model_extra["waltz"]
+        assert turns["feedback"].startswith('{"unsafe": ') and isinstance(turns["revised"], bool)
+        assert out.choices[0].message.content == (turns["answer"] if not turns["revised"] else out.choices[0].message.content)
+        direct = client.chat.completions.create(model="feedback", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert direct.usage.completion_tokens >= 1  # the roles pass through the proxy unchanged
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 def test_a_server_that_cannot_start_is_one_line(run32):
     port = _free_port()
     with socket.socket() as held:  # the port is taken: vLLM cannot bind it

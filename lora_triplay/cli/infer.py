@@ -238,9 +238,19 @@ def serve(
     """
     quiet(debug)
     try:
-        from ..serve import INSTALL, build_command, shell_line, vllm_available
+        from ..serve import (
+            INSTALL,
+            build_command,
+            free_port,
+            shell_line,
+            vllm_available,
+        )
 
-        cmd = build_command(run_dir, iteration=iteration, snapshots=role, host=host, port=port, extra=vllm_args or [])
+        game = _run_game(run_dir)
+        # a game's pipelines (WaltzRL's two agents as one model) need a proxy in front of vLLM
+        inner = free_port() if game.pipelines and not dry_run else port
+        cmd = build_command(run_dir, iteration=iteration, snapshots=role, host="127.0.0.1" if inner != port else host, port=inner,
+                            extra=vllm_args or [])
     except USER_ERRORS as exc:
         fail(exc, debug)
         return
@@ -257,12 +267,31 @@ def serve(
 
     log_path = Path(tempfile.mkdtemp(prefix="lora-triplay-serve-")) / "vllm.log"
     typer.echo(f"starting: {shell_line(cmd)}\n(log until ready: {log_path})", err=True)
+    if inner != port:
+        from functools import partial
+
+        from ..pipelines import make_proxy, start_proxy
+
+        proxy = make_proxy(host, port, f"http://127.0.0.1:{inner}", {n: partial(game.run_pipeline, n) for n in game.pipelines})
+        start_proxy(proxy)
+        typer.echo(f"pipelines {', '.join(game.pipelines)} and every role on http://{host}:{port} (vLLM behind it on port {inner})", err=True)
     try:
         code = run_server(cmd, log_path, lambda line: typer.echo(line, err=True))
     except USER_ERRORS as exc:
         fail(exc, debug)
         return
     raise typer.Exit(code)
+
+
+def _run_game(run_dir: Path):
+    from ..games import make_game
+    from ..runs import read_run_recipe
+
+    if not Path(run_dir).is_dir():
+        from ..model import ModelError
+
+        raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote")
+    return make_game(read_run_recipe(run_dir))
 
 
 def register(app: typer.Typer) -> None:

@@ -51,6 +51,8 @@ class Game:
     Config: ClassVar[type[BaseModel]] = NoConfig
     # metrics worth a column, by phase: the step log line and the closing table
     headline: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # protocols `serve` exposes as one model name (pipelines.py): name -> what it does
+    pipelines: ClassVar[dict[str, str]] = {}
 
     def __init__(self, recipe):
         self.recipe = recipe
@@ -126,6 +128,12 @@ class Game:
         from ..errors import UserError
 
         raise UserError(f"game {self.name}: `play` is not defined for it; use `chat --role ROLE`")
+
+    def run_pipeline(self, name: str, chat, request: dict) -> dict:
+        """One served request through pipeline `name`: `chat(model, messages,
+        max_tokens=, temperature=, prefix=)` is one turn of one role on the
+        server; returns {"content": final answer, "turns": {...}}."""
+        raise NotImplementedError
 
     def for_inference(self, engine) -> "Game":
         """This game bound to a loaded run's engine (play), outside training."""

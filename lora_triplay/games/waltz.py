@@ -261,6 +261,22 @@ class Waltz(Game):
                  "revised": rev[0] is not None, "final": rev[0].text if rev[0] is not None else a}
                 for (p, _), a, f, fb, rev in zip(prompts, answers, fcomps, parsed, revisions)]
 
+    pipelines = {"waltz": "the conversation agent answers, the feedback agent reviews, one revision where it flags the answer"}
+
+    def run_pipeline(self, name: str, chat, request: dict) -> dict:
+        """`serve`: the two agents as one model, as the paper deploys them."""
+        msgs = [m for m in request["messages"] if m.get("role") != "system"]
+        prompt = next((m["content"] for m in reversed(msgs) if m.get("role") == "user"), "")
+        tokens = int(request.get("max_tokens") or self.config.max_new_tokens)
+        t = float(request.get("temperature") or 0.0)
+        answer = chat("conversation", [{"role": "system", "content": CONVERSATION}, *msgs], max_tokens=tokens, temperature=t)
+        start = JSON_START if self.config.json_prefix else ""
+        text = start + chat("feedback", _review(prompt, answer), max_tokens=self.config.feedback_tokens, temperature=t, prefix=start)
+        fb = parse_feedback(text)
+        final = chat("conversation", _revision(prompt, answer, fb), max_tokens=tokens, temperature=t) if fb.triggers else answer
+        return {"content": final, "turns": {"answer": answer, "feedback": text, "unsafe": fb.unsafe, "overrefusal": fb.overrefusal,
+                                            "revised": fb.triggers}}
+
     # ---------------------------------------------------------- measuring
     def measure(self, iteration: int) -> list[dict]:
         """Held-out prompts: the conversation agent alone and with its
