@@ -212,6 +212,9 @@ class Evaluator:
 
         self.opts = opts
         self.recipe = read_run_recipe(opts.run_dir)
+        if self.recipe.game != "triplay":
+            raise UserError(f"{opts.run_dir} is a {self.recipe.game} run: `eval` measures TriPlay's red, blue and eval; a "
+                            "game measures itself during training (`phase: measure` rows; `lora-triplay report RUN -o DIR`)")
         self.store = RunStore(opts.run_dir)
         self.max_new = opts.max_new_tokens or self.recipe.grpo.max_new_tokens
         self._run = None

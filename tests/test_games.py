@@ -118,6 +118,11 @@ def test_taboo_runs_on_the_core_and_resumes_exactly(tiny_model_dir, tmp_path):
     assert rep.returncode == 0, rep.stderr[-2000:]
     summary = (tmp_path / "rep" / "summary.md").read_text()
     assert "measure attacker_win_vs_base" in summary and "attacker tie_rate" in summary
+    # eval is TriPlay's harness: a game run is refused in one line
+    (tmp_path / "b.jsonl").write_text('{"prompt": "p", "label": "unsafe"}\n')
+    ev = subprocess.run([sys.executable, "-m", "lora_triplay", "eval", str(tmp_path / "ref"), "-b", f"x=generic:{tmp_path / 'b.jsonl'}",
+                         "--out", str(tmp_path / "e.json")], env=env, capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 2 and "is a taboo run" in ev.stderr
 
 
 # ------------------------------------------------------------- distract
