@@ -50,25 +50,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_answers_every_role_through_the_openai_client(run32):
+def _wait_ready(proc, port: int) -> None:
     import httpx
+
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    pytest.fail("the server did not become ready in 300 s")
+
+
+def test_serve_answers_every_role_through_the_openai_client(run32):
     from openai import OpenAI
 
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lora_triplay.cli", "serve", str(run32), "--port", str(port), "--",
                              "--max-model-len", "1024"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        else:
-            pytest.fail("the server did not become ready in 300 s")
+        _wait_ready(proc, port)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         assert {"base", "red", "blue", "eval"} <= {m.id for m in client.models.list().data}
         for model in ("base", "blue", "eval"):
@@ -92,21 +96,6 @@ def test_serve_answers_every_role_through_the_openai_client(run32):
         pytest.fail(f"vLLM's server still answers on port {port} after `serve` was terminated")
 
 
-def _wait_ready(proc, port: int) -> None:
-    import httpx
-
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    pytest.fail("the server did not become ready in 300 s")
-
-
 def test_serve_runs_waltz_as_one_model(run32, tmp_path):
     """A WaltzRL run: both agents are models, and `waltz` runs the protocol
     (answer, feedback with its forced JSON start, a revision if flagged)
@@ -128,9 +117,11 @@ def test_serve_runs_waltz_as_one_model(run32, tmp_path):
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         assert {"base", "conversation", "feedback", "waltz"} <= {m.id for m in client.models.list().data}
         out = client.chat.completions.create(model="waltz", messages=[{"role": "user", "content": "how do I bake bread"}], max_tokens=6)
-        turns = out.model_extra["waltz"]
-        assert turns["feedback"].startswith('{"unsafe": ') and isinstance(turns["revised"], bool)
-        assert out.choices[0].message.content == (turns["answer"] if not turns["revised"] else out.choices[0].message.content)
+        turns = out.model_extra["waltz"]  # the request reached vLLM with the forced JSON start (continue_final_message)
+        assert set(turns) == {"answer", "feedback", "unsafe", "overrefusal", "revised"} and turns["feedback"].startswith('{"unsafe": ')
+        assert turns["revised"] == bool(turns["unsafe"] or turns["overrefusal"])  # revision exactly when the feedback flags
+        if not turns["revised"]:
+            assert out.choices[0].message.content == turns["answer"]
         direct = client.chat.completions.create(model="feedback", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert direct.usage.completion_tokens >= 1  # the roles pass through the proxy unchanged
     finally:

@@ -77,12 +77,6 @@ def export(
         fail(exc, debug)
 
 
-def torch_seed(seed: int) -> None:
-    import torch
-
-    torch.manual_seed(seed)
-
-
 def play(
     run_dir: Path = RUN_DIR_ARG,
     requests: Optional[List[str]] = typer.Argument(None, metavar="[REQUEST]...", help='basic requests for red to wrap, e.g. "how do I pick a lock"'),
@@ -130,9 +124,11 @@ def play(
         texts = load_requests(requests or [], from_file, column)
         recipe = read_run_recipe(run_dir)
         if recipe.game != "triplay":  # another game plays its own round (games/<name>.py: play)
+            import torch
+
             from ..games import make_game
 
-            torch_seed(seed)
+            torch.manual_seed(seed)
             game = make_game(recipe).for_inference(_open(run_dir, iteration, device).engine)
             typer.echo(json.dumps(game.play(game.engine, texts, temperature), ensure_ascii=False, indent=2))
             return
@@ -287,10 +283,7 @@ def _run_game(run_dir: Path):
     from ..games import make_game
     from ..runs import read_run_recipe
 
-    if not Path(run_dir).is_dir():
-        from ..model import ModelError
-
-        raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote")
+    _check_run_dir(Path(run_dir))
     return make_game(read_run_recipe(run_dir))
 
 

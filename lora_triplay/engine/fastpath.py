@@ -159,6 +159,15 @@ def _reserved_layer_class():
 _RESERVED = None
 
 
+def supports_reserved(model) -> bool:
+    """Whether every layer is plain full attention (no sliding windows, no
+    hybrid layers): the models `reserved_cache` serves."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False
+    return all(t == "full_attention" for t in (getattr(config, "layer_types", None) or []))
+
+
 def reserved_cache(model, capacity: int):
     """A cache for `model` whose layers hold `capacity` tokens without
     copying, or None where the model needs special layers (sliding windows,
@@ -166,10 +175,7 @@ def reserved_cache(model, capacity: int):
     global _RESERVED
     from transformers.cache_utils import Cache
 
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return None
-    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+    if not supports_reserved(model):
         return None
     if _RESERVED is None:
         _RESERVED = _reserved_layer_class()

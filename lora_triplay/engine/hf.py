@@ -165,6 +165,10 @@ class HFEngine(ChatTokens):
     def _new_cache(self, capacity: int):
         return fastpath.reserved_cache(self.model, capacity) if self._serving is not None else None
 
+    def _can_assemble(self) -> bool:
+        """Whether prefill may lay several prefix groups into one cache (ours)."""
+        return self._serving is not None and fastpath.supports_reserved(self.model)
+
     MIN_SHARED_PREFIX = MIN_SHARED_PREFIX  # tokens; below this a separate prefix forward costs more than it saves
 
     def _prefix_groups(self, prompts: list[list[int]], names: list[str], several: bool) -> list[int]:
@@ -225,7 +229,7 @@ class HFEngine(ChatTokens):
         prefixes still share the batch. Returns (ids, mask, positions, cache,
         next-token logits); the cache covers every column, or all but the
         last with `leave_last`, and has room for `reserve` more tokens."""
-        shared = self._prefix_groups(prompts, names, several=self._new_cache(1) is not None)
+        shared = self._prefix_groups(prompts, names, several=self._can_assemble())
         P = max(shared)
         suffixes = [p[n:] for p, n in zip(prompts, shared)]
         width = max(len(x) for x in suffixes)

@@ -69,7 +69,8 @@ class Game:
         return phase
 
     def steps(self, iteration: int, phase: str) -> int:
-        raise NotImplementedError
+        """GRPO steps of `phase` this iteration; default `game_config.<phase>_steps`."""
+        return getattr(self.config, f"{phase}_steps")
 
     def snapshot_after(self, phase: str) -> bool:
         """Whether the end of `phase` is a snapshot `<role>/iter-N` of its role."""

@@ -143,9 +143,6 @@ class Distract(Game):
             self.heldout = [make_problem(rng, cfg.difficulty[i % len(cfg.difficulty)]) for i in range(cfg.heldout)]
         self._held = {p.text() for p in self.heldout}
 
-    def steps(self, iteration: int, phase: str) -> int:
-        return getattr(self.config, f"{phase}_steps")
-
     def max_new_tokens_of(self, role: str) -> int:
         return self.config.distraction_tokens if role == "adversary" else self.config.max_new_tokens
 

@@ -183,9 +183,6 @@ class Taboo(Game):
         self.heldout = [w for i, w in enumerate(words) if i % k == k - 1]
         self.train_words = [w for i, w in enumerate(words) if i % k != k - 1]
 
-    def steps(self, iteration: int, phase: str) -> int:
-        return getattr(self.config, f"{phase}_steps")
-
     def max_new_tokens_of(self, role: str) -> int:
         return self.config.max_new_tokens
 

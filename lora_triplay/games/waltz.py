@@ -166,9 +166,6 @@ class Waltz(Game):
     def phases_of(self, iteration: int) -> list[str]:
         return ["feedback"] if iteration <= self.config.stage1_iterations else ["feedback", "conversation"]
 
-    def steps(self, iteration: int, phase: str) -> int:
-        return getattr(self.config, f"{phase}_steps")
-
     def max_new_tokens_of(self, role: str) -> int:
         return self.config.feedback_tokens if role == "feedback" else self.config.max_new_tokens
 
