@@ -81,15 +81,15 @@ def random_base(shape_cfg: dict, device: str, dtype, checkpointing: bool):
 def patch_session_loader(shape_cfg: dict, folder: Path):
     """Session.open builds the base through model.load_base; here it gets
     the random one (no weights exist on disk)."""
-    import lora_triplay.session as session_mod
+    import lora_triplay.model as model_mod
     from lora_triplay.model import load_tokenizer, pick_device, pick_dtype
 
-    def load(cfg):
+    def load(cfg, place: bool = True):
         device = pick_device(cfg)
-        model = random_base(shape_cfg, device.type, pick_dtype(cfg, device), cfg.gradient_checkpointing)
+        model = random_base(shape_cfg, device.type if place else "cpu", pick_dtype(cfg, device), cfg.gradient_checkpointing)
         return model, load_tokenizer(str(folder), cfg), str(folder)
 
-    session_mod.load_base = load
+    model_mod.load_base = load
 
 
 # ----------------------------------------------------------------- stages

@@ -6,8 +6,8 @@ process group; this module only names what the trainer does with it.
 With one process every method is a no-op that returns its input, so the
 single-process code path is the same code.
 
-How a step is split (see GrpoLearner): every rank holds the base and the
-three adapters, trains on its own block of GRPO groups (a group never spans
+How a step is split (see GrpoLearner): every rank holds the base (or its
+shard of the decoder layers, sharding.py) and the three adapters, trains on its own block of GRPO groups (a group never spans
 two ranks), weights each sequence with the *global* normaliser (sample and
 token counts summed over ranks), and the active adapter's gradients are
 summed across ranks before clipping, so every rank takes the same optimizer
@@ -32,6 +32,7 @@ class Collective:
     def __init__(self, world: int | None = None):
         self.world = launched_world_size() if world is None else world
         self.rank = 0
+        self.device = torch.device("cpu")  # where the small collectives' tensors live
         if self.world > 1:
             from accelerate import PartialState
 
@@ -39,6 +40,8 @@ class Collective:
             # fall back to one process per rank, each thinking it is alone)
             state = PartialState(cpu=not torch.cuda.is_available())  # init_process_group from the launcher's env
             self.rank, self.world = state.process_index, state.num_processes
+            if torch.distributed.get_backend() == "nccl":  # NCCL reduces GPU tensors only
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
     @property
     def main(self) -> bool:
@@ -68,9 +71,16 @@ class Collective:
     def sum_floats(self, values: Sequence[float]) -> list[float]:
         if self.world == 1:
             return list(values)
-        t = torch.tensor(list(values), dtype=torch.float64)
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t)
         return t.tolist()
+
+    def max_int(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""

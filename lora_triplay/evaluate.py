@@ -238,7 +238,7 @@ class Evaluator:
             from .runs import open_run
 
             log.info("loading %s (base + adapters)", self.opts.run_dir)
-            self._run = open_run(self.opts.run_dir, device=self.opts.device)
+            self._run = open_run(self.opts.run_dir, device=self.opts.device, world=self.collective.world)
             if self.collective.world > 1:
                 from .engine.sharded import ShardedEngine
 

@@ -63,13 +63,18 @@ def is_checkpointing(model) -> bool:
 
 
 def choose_layout(model, requested: str = "auto") -> str:
-    """`auto`: shared prompt where a KV cache survives, else full sequence."""
+    """`auto`: shared prompt where a KV cache survives, else full sequence.
+    A sharded base (sharding.py) takes full sequence: one forward per
+    micro-batch on every rank, where shared prompt runs one to three."""
     if requested == FULL:
         return FULL
-    if is_checkpointing(model):
-        if requested == SHARED:
-            raise ValueError("grpo.forward = 'shared_prompt' cannot run with gradient checkpointing; use `auto` or `full_sequence`")
-        return FULL
+    from .sharding import is_sharded
+
+    for reason, applies in (("gradient checkpointing", is_checkpointing(model)), ("model.fsdp", is_sharded(model))):
+        if applies:
+            if requested == SHARED:
+                raise ValueError(f"grpo.forward = 'shared_prompt' cannot run with {reason}; use `auto` or `full_sequence`")
+            return FULL
     return SHARED
 
 

@@ -41,8 +41,10 @@ from .faults import crash_point
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
 from .logprobs import LogprobComputer, logit_transform
 from .recipe import GrpoConfig
+from .sharding import is_sharded
 
 log = logging.getLogger(__name__)
+LOCKSTEP_GROUP = -1  # the dummy micro-batch of a sharded base (_plan); games number groups from 0
 
 
 @dataclass
@@ -108,6 +110,7 @@ class GrpoLearner:
             computer = LogprobComputer(cfg.logprob_kernel, cfg.logprob_chunk_tokens, logit_transform(config) if config is not None else None)
         self.computer = computer
         self.layout: str | None = None
+        self.lockstep_dummies = 0  # micro-batches run only to keep step with other ranks (sharding.py)
 
     def _normaliser(self, cmask_rows: list[int]) -> list[float]:
         """Weight of each sequence's token-sum in the batch loss; the batch
@@ -144,7 +147,10 @@ class GrpoLearner:
     def _choose_layout(self) -> str:
         layout = choose_layout(self.model, self.cfg.forward)
         if layout != self.layout:
-            why = "gradient checkpointing drops the KV cache" if layout == FULL and self.cfg.forward == "auto" else f"grpo.forward = {self.cfg.forward}"
+            why = f"grpo.forward = {self.cfg.forward}"
+            if layout == FULL and self.cfg.forward == "auto":
+                why = "the base is sharded: one forward per micro-batch on every rank" if is_sharded(self.model) \
+                    else "gradient checkpointing drops the KV cache"
             if layout == SHARED:
                 why = "each prompt computed once per group"
             log.info("GRPO forward: %s (%s); log-probs in chunks of %d tokens", layout, why, self.cfg.logprob_chunk_tokens)
@@ -159,6 +165,16 @@ class GrpoLearner:
         layout = self._choose_layout()
         parts = pack(live, layout, self.cfg.max_tokens_per_microbatch, self.cfg.grad_accumulation)
         weights = self._normaliser([len(s.completion_ids) for s in live])
+        if is_sharded(self.model):
+            # every rank runs as many micro-batches as the busiest one (each
+            # forward and backward all-gathers the sharded layers): the extra
+            # ones are a one-token dummy of weight 0, left out of the totals
+            most = self.collective.max_int(len(parts))
+            if most > len(parts):
+                live = [*live, Sample([self.pad_id], [self.pad_id], group=LOCKSTEP_GROUP, reward=None)]
+                weights = [*weights, 0.0]
+                self.lockstep_dummies += most - len(parts)
+                parts = [*parts, *([[len(live) - 1]] * (most - len(parts)))]
         return live, layout, parts, weights
 
     def _accumulate(self, live, layout, parts, weights, old_logps, ref_logps, first: bool) -> dict[str, float]:
@@ -189,6 +205,8 @@ class GrpoLearner:
             seq_w = torch.tensor([weights[i] for i in idx], dtype=torch.float32, device=device).unsqueeze(-1)
             loss = (per_token * cmask * seq_w).sum()
             loss.backward()
+            if part[0].group == LOCKSTEP_GROUP:  # a dummy (_plan): nothing to count
+                continue
             totals["tokens"] += int(cmask.sum().item())
             totals["loss"] += loss.item()
             totals["kl"] += (kl.detach() * cmask).sum().item()

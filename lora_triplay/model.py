@@ -149,8 +149,9 @@ def quantization_config(cfg: ModelConfig, device: torch.device, dtype: torch.dty
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
 
 
-def load_base(cfg: ModelConfig):
-    """Return (model, tokenizer, resolved_path) with every base weight frozen."""
+def load_base(cfg: ModelConfig, place: bool = True):
+    """Return (model, tokenizer, resolved_path) with every base weight frozen;
+    `place` False leaves it on the CPU (sharding.py moves each rank's part)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_base(cfg.base, cfg.revision)
@@ -171,7 +172,7 @@ def load_base(cfg: ModelConfig):
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
         raise ModelError(f"cannot load model.base = {cfg.base!r}: {str(exc).splitlines()[0]}") from None
-    if quant is None:
+    if quant is None and place:
         model.to(device)
     log.info("base %s: %s on %s, attention %s%s", cfg.base, str(dtype).removeprefix("torch."), device.type, attention,
              ", 4-bit NF4 (QLoRA)" if quant is not None else "")
@@ -219,6 +220,23 @@ def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str] | No
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def load_role_model(cfg: ModelConfig, lora: LoraConfig, seed: int, names: list[str], world: int = 1):
+    """(PeftModel with the roles' adapters, tokenizer, base path); with
+    `model.fsdp` and several processes the decoder layers are sharded
+    across them (sharding.py), loaded on the CPU first so that no GPU ever
+    holds the whole base."""
+    shard = cfg.fsdp and world > 1
+    base, tokenizer, path = load_base(cfg, place=not shard)
+    model = attach_role_adapters(base, lora, seed, names)
+    if shard:
+        from .sharding import shard_base
+
+        shard_base(model, world, pick_device(cfg))
+    elif cfg.fsdp:
+        log.info("model.fsdp: one process, nothing to shard")
+    return model, tokenizer, path
 
 
 def adapter_parameters(model, adapter: str) -> dict[str, torch.nn.Parameter]:

@@ -83,10 +83,13 @@ class Shape:
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
+    def block_params(self) -> int:
+        """One decoder layer: its linears and norms."""
+        return sum(a * b for a, b in self.linears().values()) + 2 * self.hidden + 2 * self.head_dim * self.qk_norm
+
     def params(self) -> int:
-        block = sum(a * b for a, b in self.linears().values()) + 2 * self.hidden + 2 * self.head_dim * self.qk_norm
         embed = self.vocab * self.hidden
-        return self.layers * block + embed * (1 if self.tied else 2) + self.hidden
+        return self.layers * self.block_params() + embed * (1 if self.tied else 2) + self.hidden
 
     def linear_params(self) -> int:
         return self.layers * sum(a * b for a, b in self.linears().values())
@@ -214,9 +217,17 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         other = params - shape.linear_params()
         base_gb = (shape.linear_params() * 0.5 * 1.06 + other * 2) / GB  # NF4 + double-quantized scales; rest bf16
         add(Item("base weights (NF4, QLoRA)", base_gb, "a GPU with more memory", "both"))
+    elif r.model.fsdp and gpus > 1:
+        # sharding.py: decoder layers split across the GPUs, the rest whole;
+        # FSDP all-gathers one layer as it runs and prefetches the next
+        layers = shape.layers * shape.block_params()
+        add(Item(f"base weights: decoder layers, sharded {gpus} ways (model.fsdp)", layers * dtype_b / gpus / GB, "more GPUs", "both"))
+        add(Item("base weights kept whole (embeddings, lm_head, final norm)", (params - layers) * dtype_b / GB, "a smaller base", "both"))
+        add(Item("FSDP all-gathered layers (the running one + the prefetched one)", 2 * shape.block_params() * dtype_b / GB,
+                 "nothing to turn", "both"))
     else:
         add(Item(f"base weights ({r.model.dtype if r.model.dtype != 'auto' else 'bfloat16'})", params * dtype_b / GB,
-                 "model.quantization=4bit (QLoRA) or a smaller base", "both"))
+                 "model.fsdp=true with several GPUs, model.quantization=4bit (QLoRA) or a smaller base", "both"))
     snapshots = sum(1 for d in r.defenders if "@" in d.name)
     add(Item(f"LoRA adapters (3 roles + {snapshots} snapshot{'s' * (snapshots != 1)}, fp32)", (3 + snapshots) * lora * 4 / GB, "lora.rank", "both"))
     add(Item("optimizer state (AdamW, active role; others offloaded to CPU)", 2 * lora * 4 / GB, "lora.rank", "both"))
@@ -285,8 +296,14 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         "AdamW state + fp32 master weights": params * 12 / GB,
         "total": 3 * full + full + full + params * 12 / GB,
     }
-    if gpus > 1:
-        plan.notes.append(f"{gpus} GPUs, data parallel: each holds what is listed (no sharding); rollouts and micro-batches split {gpus} ways")
+    if gpus > 1 and r.model.fsdp:
+        plan.notes.append(f"{gpus} GPUs, data parallel, the base's decoder layers sharded {gpus} ways (model.fsdp); rollouts and "
+                          f"micro-batches split {gpus} ways; every forward all-gathers the layers, so ranks move in step")
+    elif gpus > 1:
+        plan.notes.append(f"{gpus} GPUs, data parallel: each holds what is listed (no sharding: model.fsdp=true shards the base); "
+                          f"rollouts and micro-batches split {gpus} ways")
+    elif r.model.fsdp:
+        plan.notes.append("model.fsdp shards the base across several GPUs; on one it changes nothing")
     return plan
 
 

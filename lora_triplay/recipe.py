@@ -49,12 +49,19 @@ class ModelConfig(_Strict):
     quantization: Literal["none", "4bit"] = Field("none", description="4bit: QLoRA (bitsandbytes NF4 base, CUDA only)")
     enable_thinking: bool = False  # Qwen3 chat templates: thinking doubles tokens for no reward
     gradient_checkpointing: bool = False
+    fsdp: bool = Field(
+        False, description="several processes: shard the base's decoder layers across them (torch FSDP2), for a base that "
+        "does not fit one GPU; adapters, embeddings and lm_head stay whole on every rank"
+    )
     revision: str | None = None
 
     @model_validator(mode="after")
     def _quantization_needs_cuda(self) -> "ModelConfig":
         if self.quantization == "4bit" and self.device == "cpu":
             raise ValueError("quantization: 4bit (QLoRA through bitsandbytes) runs on CUDA only; set model.quantization=none on the CPU")
+        if self.quantization == "4bit" and self.fsdp:
+            raise ValueError("model.fsdp with model.quantization: 4bit: NF4 weights cannot be sharded here; choose one "
+                             "(fsdp for a base too big for one GPU, 4bit to fit it on one)")
         return self
 
 

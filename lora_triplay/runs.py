@@ -15,11 +15,11 @@ import yaml
 from .model import (
     ModelError,
     add_frozen_adapter,
-    attach_role_adapters,
     load_adapter_weights,
-    load_base,
+    load_role_model,
 )
 from .recipe import Recipe, build_recipe
+from .sharding import is_sharded
 from .snapshots import parse_role
 from .store import RunStore
 
@@ -66,8 +66,9 @@ def read_run_recipe(run_dir: Path) -> Recipe:
     return build_recipe(yaml.safe_load(file.read_text(encoding="utf-8")), source=str(file))
 
 
-def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None = None) -> OpenRun:
-    """Load base + the game's role adapters at `iteration` (None = latest)."""
+def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None = None, world: int = 1) -> OpenRun:
+    """Load base + the game's role adapters at `iteration` (None = latest);
+    `world` processes share a sharded base where the recipe asks (model.fsdp)."""
     from .engine.hf import HFEngine
     from .games import game_class
 
@@ -76,9 +77,8 @@ def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None 
     if device:
         recipe.model.device = device
     store = RunStore(run_dir)
-    base, tokenizer, base_path = load_base(recipe.model)
     roles = game_class(recipe.game).roles  # role -> adapter name, whatever the game
-    model = attach_role_adapters(base, recipe.lora, recipe.seed, list(roles.values()))
+    model, tokenizer, base_path = load_role_model(recipe.model, recipe.lora, recipe.seed, list(roles.values()), world)
     for role, adapter in roles.items():
         load_adapter_weights(model, adapter, snapshot_folder(store, role, iteration), expect_rank=recipe.lora.rank)
     model.eval()
@@ -87,6 +87,8 @@ def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None 
         chat_kwargs={"enable_thinking": recipe.model.enable_thinking},
         max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora,
     )
+    if is_sharded(model):
+        engine.shard_lockstep()
     return OpenRun(recipe, store, model, tokenizer, engine, base_path)
 
 

@@ -28,9 +28,8 @@ from .logprobs import LogprobComputer, logit_transform
 from .model import (
     activate,
     adapter_parameters,
-    attach_role_adapters,
     load_adapter_weights,
-    load_base,
+    load_role_model,
     pick_device,
     save_adapter,
 )
@@ -40,6 +39,7 @@ from .recipe import (
     build_recipe,
     diff_recipes,
 )
+from .sharding import is_sharded
 from .store import FollowerStore, RunStore, restore_rng, rng_state
 from .trackers import Trackers, check_installed
 
@@ -66,16 +66,17 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_fits_gpu(recipe: Recipe) -> None:
+def check_fits_gpu(recipe: Recipe, world: int = 1) -> None:
     """On CUDA, before any weight is loaded: refuse a recipe that cannot fit
-    this GPU (the arithmetic of `lora-triplay plan`)."""
+    this GPU (the arithmetic of `lora-triplay plan`; with model.fsdp, as
+    one of `world` GPUs sharing the base)."""
     if pick_device(recipe.model).type != "cuda":
         return
     from .plan import PlanError, make_plan
 
     total = torch.cuda.get_device_properties(0).total_memory / 1e9
     try:
-        plan = make_plan(recipe, gpus=1, gpu_memory_gb=total)
+        plan = make_plan(recipe, gpus=world, gpu_memory_gb=total)
     except PlanError as exc:
         log.warning("memory plan skipped: %s", exc)
         return
@@ -152,11 +153,10 @@ class Session:
         _seed_everything(r.seed)
         check_installed(r.run.report_to)  # before minutes of model loading
         if self.check_plan:
-            check_fits_gpu(r)
+            check_fits_gpu(r, self.collective.world)
         t0 = time.perf_counter()
-        base, self.tokenizer, self.base_path = load_base(r.model)
         game = self.game
-        self.model = attach_role_adapters(base, r.lora, r.seed, list(game.roles.values()))
+        self.model, self.tokenizer, self.base_path = load_role_model(r.model, r.lora, r.seed, list(game.roles.values()), self.collective.world)
         self.model.eval()
         log.info("base %s loaded with %d adapters in %.1fs (game %s)", r.model.base, len(game.roles), time.perf_counter() - t0, game.name)
         self.engine = self._make_engine()
@@ -192,7 +192,10 @@ class Session:
             return VLLMEngine.from_session(self, chat_kwargs)
         from .engine.hf import HFEngine
 
-        return HFEngine(self.model, self.tokenizer, chat_kwargs=chat_kwargs, max_batch_size=r.engine.max_batch_size, lora=r.lora)
+        engine = HFEngine(self.model, self.tokenizer, chat_kwargs=chat_kwargs, max_batch_size=r.engine.max_batch_size, lora=r.lora)
+        if is_sharded(self.model):
+            engine.shard_lockstep()
+        return engine
 
     def _restore(self) -> None:
         """Put every piece back exactly as the last commit left it."""
@@ -257,6 +260,12 @@ class Session:
             self._after_phase(it, phase)
             self.hooks.phase_end(it, phase)
             self._advance_phase()
+        if is_sharded(self.model):  # what keeping the ranks in step cost (sharding.py), all ranks together
+            engine = getattr(self.engine, "lockstep", None)
+            mine = (engine.dummies if engine else 0, sum(x.lockstep_dummies for x in self.learners.values()))
+            every = self.collective.gather(mine)
+            log.info("model.fsdp: %d engine forwards and %d GRPO micro-batches ran only to keep step with the other ranks",
+                     sum(x[0] for x in every), sum(x[1] for x in every))
         self.trackers.close()
 
     def _place_optimizer_states(self, active: str) -> None:

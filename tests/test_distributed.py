@@ -67,20 +67,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("loss_type", ["grpo", "token_mean"])
-def test_two_ranks_take_the_one_process_step(tiny_model_dir, tmp_path, loss_type):
+def _worker(tiny_model_dir, tmp_path, loss_type: str, mode: str) -> tuple[dict, list[dict]]:
+    """The worker as 1 process and as 2 (accelerate launch): (1-process result, each rank's)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    one = subprocess.run([sys.executable, str(WORKER), tiny_model_dir, str(tmp_path / "one"), loss_type],
+    one = subprocess.run([sys.executable, str(WORKER), tiny_model_dir, str(tmp_path / "one"), loss_type, mode],
                          env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes" / "accelerate" / "2proc-1node.yaml"),
-              "--main_process_port", str(_free_port()), str(WORKER), tiny_model_dir, str(tmp_path / "two"), loss_type]
+              "--main_process_port", str(_free_port()), str(WORKER), tiny_model_dir, str(tmp_path / "two"), loss_type, mode]
     two = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    ref = torch.load(tmp_path / "one.rank0")
-    ranks = [torch.load(tmp_path / f"two.rank{r}") for r in (0, 1)]
+    return torch.load(tmp_path / "one.rank0"), [torch.load(tmp_path / f"two.rank{r}") for r in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "token_mean"])
+def test_two_ranks_take_the_one_process_step(tiny_model_dir, tmp_path, loss_type):
+    ref, ranks = _worker(tiny_model_dir, tmp_path, loss_type, "ddp")
     assert ref["world"] == 1 and [r["world"] for r in ranks] == [2, 2]
+    _assert_same_step(ref, ranks)
+
+
+@pytest.mark.slow
+def test_a_sharded_base_takes_the_same_step_and_keeps_the_ranks_in_step(tiny_model_dir, tmp_path):
+    """model.fsdp: each rank holds half of the decoder layers; with unequal
+    work (3 and 2 groups, 3 and 2 one-row generate batches) the ranks'
+    forwards stay in step through dummies, and generation, forced-choice
+    scores and the GRPO step equal one unsharded process."""
+    ref, ranks = _worker(tiny_model_dir, tmp_path, "grpo", "fsdp")
+    assert not ref["sharded"] and all(r["sharded"] for r in ranks)
+    _assert_same_step(ref, ranks)
+    for r in ranks:
+        assert r["tokens"] == ref["tokens"]
+        flat = [x for request in r["scores"] for choice in request for x in choice]
+        assert flat == pytest.approx([x for request in ref["scores"] for choice in request for x in choice], abs=1e-5)
+    assert ranks[1]["engine_dummies"] > 0 and ranks[0]["engine_dummies"] == 0  # rank 1 had one batch fewer
+    assert ranks[0]["microbatches"] == ranks[1]["microbatches"]  # padded to the busier rank
+    # what each rank holds is what `plan` counts: decoder layers split in two, the rest whole
+    from lora_triplay.plan import load_shape
+
+    shape = load_shape(tiny_model_dir)
+    layers = shape.layers * shape.block_params()
+    assert ref["base_sharded"] == 0 and ref["base_whole"] == shape.params()
+    assert sum(r["base_sharded"] for r in ranks) == layers and all(r["base_whole"] == shape.params() - layers for r in ranks)
+    assert all(abs(r["base_sharded"] - layers / 2) <= layers * 0.01 for r in ranks)
+
+
+def _assert_same_step(ref: dict, ranks: list[dict]) -> None:
     for r in ranks:
         assert r["tokens"] == ref["tokens"]
         assert r["loss"] == pytest.approx(ref["loss"], abs=1e-6)
@@ -174,6 +207,20 @@ def test_two_process_run_equals_one_process_run(one_process_run):
 
 
 @pytest.mark.slow
+def test_a_two_process_run_on_a_sharded_base_equals_one_process_run(one_process_run):
+    """model.fsdp (with gradient checkpointing, as the paper recipes run):
+    decoder layers sharded across the 2 ranks, the snapshot defender
+    blue@-1 loaded onto the sharded model; the run folder equals one
+    unsharded process's."""
+    root, ref = one_process_run
+    proc = _run(root / "r.yaml", root / "fsdp", "--nproc", "2", "model.fsdp=true", "model.gradient_checkpointing=true")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "decoder layers sharded 2 ways" in out and "ranks agree on the eval adapter (2 processes)" in out
+    _assert_same_run(ref, _final(root / "fsdp"))
+
+
+@pytest.mark.slow
 def test_two_process_run_killed_and_resumed_equals_the_uninterrupted_one(one_process_run):
     root, ref = one_process_run
     crashed = _run(root / "r.yaml", root / "killed", "--nproc", "2", crash="commit:5")
@@ -219,6 +266,18 @@ def test_two_process_eval_equals_one_process_eval(one_process_run, tmp_path):
         assert _close(a[key], b[key]), key
     per_process = b["work"]["requests_per_process"]
     assert len(per_process) == 2 and min(per_process) > 0.3 * sum(per_process)  # each rank served its block of every call
+
+    # the same run folder with a sharded base (model.fsdp in its recipe): the same items
+    import shutil
+
+    sharded = shutil.copytree(root / "one", tmp_path / "sharded-run")
+    recipe = (sharded / "recipe.yaml").read_text()
+    assert "fsdp: false" in recipe
+    (sharded / "recipe.yaml").write_text(recipe.replace("fsdp: false", "fsdp: true"))
+    fsdp = _eval(sharded, tmp_path / "fsdp.json", bench, "--nproc", "2")
+    assert fsdp.returncode == 0, fsdp.stdout[-2000:] + fsdp.stderr[-3000:]
+    assert "decoder layers sharded 2 ways" in fsdp.stdout + fsdp.stderr
+    assert items("fsdp") == items("one")
 
 
 def test_several_processes_need_a_run_folder(tmp_path):

@@ -305,11 +305,11 @@ def test_play_rejects_unknown_technique_and_role(tiny_run):
 # ------------------------------------------------------------------ chat
 
 def test_chat_through_stdin(tiny_run, monkeypatch):
-    import lora_triplay.runs as runs
+    import lora_triplay.model as model_mod
 
     loads = []
-    real = runs.load_base
-    monkeypatch.setattr(runs, "load_base", lambda cfg: loads.append(1) or real(cfg))
+    real = model_mod.load_base
+    monkeypatch.setattr(model_mod, "load_base", lambda cfg, place=True: loads.append(1) or real(cfg, place))
     script = "hello there\n/role red\nhello again\n/role blue@0\n/role purple\n/system be brief\nhi\n/reset\n/quit\nnever answered\n"
     result = invoke("chat", tiny_run, "--max-new-tokens", "4", input=script)
     assert result.exit_code == 0, result.output

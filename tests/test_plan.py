@@ -115,3 +115,29 @@ def test_shape_from_nested_text_config():
                            "vocab_size": 10}}
     s = Shape.from_config(cfg, "x")
     assert s.kv_heads == 2 and s.head_dim == 4 and not s.tied
+
+
+def test_fsdp_shards_the_decoder_layers_in_the_plan():
+    """model.fsdp on 8 GPUs: the decoder layers count 1/8 per GPU, the
+    embeddings and lm_head whole, plus two all-gathered layers; 14B on 8 x
+    40 GB fits only so (the real shards are checked against this
+    arithmetic in tests/test_distributed.py)."""
+    shape = load_shape("Qwen/Qwen3-14B")
+    args = ["engine.tensor_parallel_size=2", "engine.gpu_memory_utilization=0.5"]
+    whole = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", args), gpus=8, gpu_memory_gb=40)
+    sharded = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", [*args, "model.fsdp=true"]), gpus=8, gpu_memory_gb=40)
+    items = {i.name: i.gb for i in sharded.items}
+    layers = shape.layers * shape.block_params()
+    assert items["base weights: decoder layers, sharded 8 ways (model.fsdp)"] == pytest.approx(layers * 2 / 8 / 1e9)
+    assert items["base weights kept whole (embeddings, lm_head, final norm)"] == pytest.approx((shape.params() - layers) * 2 / 1e9)
+    assert sharded.fits and not whole.fits
+    assert sharded.peak("update") < whole.peak("update") - 20
+    one = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["model.fsdp=true"]), gpus=1)
+    assert any("on one it changes nothing" in n for n in one.notes)
+
+
+def test_fsdp_with_4bit_is_one_line(tmp_path: Path):
+    (tmp_path / "r.yaml").write_text("model: {fsdp: true, quantization: 4bit}\n")
+    with pytest.raises(Exception, match="model.fsdp with model.quantization: 4bit") as err:
+        load_recipe(tmp_path / "r.yaml")
+    assert "\n" not in str(err.value)

@@ -42,6 +42,24 @@ class HFEngine(ChatTokens):
         self.fast = os.environ.get("LORA_TRIPLAY_FAST_ENGINE", "1") != "0"
         self._multilora = None
         self._serving: list[str] | None = None  # PEFT names of the batch being served (fast path)
+        self.lockstep = None  # a sharded base (sharding.py): every rank's forwards in step
+
+    def shard_lockstep(self) -> None:
+        """The base is sharded across processes (model.fsdp): from now on
+        every call keeps its forwards in step with the other ranks'."""
+        from ..sharding import Lockstep
+
+        device = next(self.model.parameters()).device
+        dummy = torch.tensor([[self.pad_id]], device=device)
+
+        @torch.no_grad()
+        def forward_to_keep_step():
+            self.model(input_ids=dummy, use_cache=False)
+
+        self.lockstep = Lockstep(forward_to_keep_step, device)
+
+    def _in_step(self):
+        return self.lockstep.call() if self.lockstep is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------- adapters
     def _peft_name(self, name: str) -> str:
@@ -85,6 +103,10 @@ class HFEngine(ChatTokens):
 
     # ----------------------------------------------------------- generation
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
+        with self._in_step():
+            return self._generate(requests, sampling)
+
+    def _generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
         choice_reqs, gen = self.split(requests, self._peft_name)
         if sampling.seed is None and not sampling.greedy:
             # One draw from torch's global RNG (saved and restored with the
@@ -154,6 +176,8 @@ class HFEngine(ChatTokens):
 
     def _forward(self, names: list[str], **kwargs):
         """One model forward where row i uses adapter names[i]."""
+        if self.lockstep is not None:
+            self.lockstep.turn()
         if self._serving is not None:
             index = torch.tensor([self._serving.index(n) for n in names], device=kwargs["input_ids"].device)
             self._multilora.rows(index)
@@ -302,11 +326,15 @@ class HFEngine(ChatTokens):
         return comps
 
     # ------------------------------------------------------- forced choice
-    @torch.no_grad()
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """Per request, per choice: log-probs of the choice's tokens (EOS
         included) after the chat prompt, under the request's adapter. The
         prompt is prefilled once and its KV cache shared by all choices."""
+        with self._in_step():
+            return self._score_choices(requests)
+
+    @torch.no_grad()
+    def _score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         device = next(self.model.parameters()).device
         out: list[list[list[float]]] = [[] for _ in requests]
         prompts = [self.encode(r.messages) for r in requests]
