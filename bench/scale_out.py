@@ -41,7 +41,7 @@ def run(work: Path, name: str, extra: list[str]) -> dict:
     if proc.returncode:
         raise SystemExit(f"{name} failed ({proc.returncode}); see {work / (folder.name + '.log')}")
     held = re.search(r"this rank holds ([0-9.]+)% of the model's", proc.stdout + proc.stderr)
-    dummies = re.search(r"(\d+) engine forwards and (\d+) GRPO micro-batches ran only to keep step", proc.stdout + proc.stderr)
+    dummies = re.search(r"(\d+) engine forwards and (\d+) GRPO micro-batch slots", proc.stdout + proc.stderr)
     metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     return {"wall_seconds": seconds, "rank0_holds_percent": float(held.group(1)) if held else 100.0,
             "lockstep_dummies": {"engine": int(dummies.group(1)), "grpo": int(dummies.group(2))} if dummies else None,

@@ -44,7 +44,6 @@ from .recipe import GrpoConfig
 from .sharding import is_sharded
 
 log = logging.getLogger(__name__)
-LOCKSTEP_GROUP = -1  # the dummy micro-batch of a sharded base (_plan); games number groups from 0
 
 
 @dataclass
@@ -110,7 +109,10 @@ class GrpoLearner:
             computer = LogprobComputer(cfg.logprob_kernel, cfg.logprob_chunk_tokens, logit_transform(config) if config is not None else None)
         self.computer = computer
         self.layout: str | None = None
-        self.lockstep_dummies = 0  # micro-batches run only to keep step with other ranks (sharding.py)
+        # a sharded base (sharding.py): the one-token sample of the micro-batches
+        # a rank runs only to keep step with busier ranks, and how many it ran
+        self._dummy = Sample([pad_id], [pad_id], group=-1, reward=None)
+        self.lockstep_dummies = 0
 
     def _normaliser(self, cmask_rows: list[int]) -> list[float]:
         """Weight of each sequence's token-sum in the batch loss; the batch
@@ -171,7 +173,7 @@ class GrpoLearner:
             # ones are a one-token dummy of weight 0, left out of the totals
             most = self.collective.max_int(len(parts))
             if most > len(parts):
-                live = [*live, Sample([self.pad_id], [self.pad_id], group=LOCKSTEP_GROUP, reward=None)]
+                live = [*live, self._dummy]
                 weights = [*weights, 0.0]
                 self.lockstep_dummies += most - len(parts)
                 parts = [*parts, *([[len(live) - 1]] * (most - len(parts)))]
@@ -205,7 +207,7 @@ class GrpoLearner:
             seq_w = torch.tensor([weights[i] for i in idx], dtype=torch.float32, device=device).unsqueeze(-1)
             loss = (per_token * cmask * seq_w).sum()
             loss.backward()
-            if part[0].group == LOCKSTEP_GROUP:  # a dummy (_plan): nothing to count
+            if part[0] is self._dummy:  # a rank keeping step (_plan): nothing to count
                 continue
             totals["tokens"] += int(cmask.sum().item())
             totals["loss"] += loss.item()

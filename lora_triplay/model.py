@@ -227,12 +227,14 @@ def load_role_model(cfg: ModelConfig, lora: LoraConfig, seed: int, names: list[s
     `model.fsdp` and several processes the decoder layers are sharded
     across them (sharding.py), loaded on the CPU first so that no GPU ever
     holds the whole base."""
+    from .sharding import check_supported, shard_base
+
     shard = cfg.fsdp and world > 1
+    if shard:
+        check_supported()  # before minutes of loading
     base, tokenizer, path = load_base(cfg, place=not shard)
     model = attach_role_adapters(base, lora, seed, names)
     if shard:
-        from .sharding import shard_base
-
         shard_base(model, world, pick_device(cfg))
     elif cfg.fsdp:
         log.info("model.fsdp: one process, nothing to shard")

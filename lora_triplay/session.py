@@ -264,7 +264,8 @@ class Session:
             engine = getattr(self.engine, "lockstep", None)
             mine = (engine.dummies if engine else 0, sum(x.lockstep_dummies for x in self.learners.values()))
             every = self.collective.gather(mine)
-            log.info("model.fsdp: %d engine forwards and %d GRPO micro-batches ran only to keep step with the other ranks",
+            log.info("model.fsdp: %d engine forwards and %d GRPO micro-batch slots (each forward + backward per update) "
+                     "ran only to keep step with the other ranks",
                      sum(x[0] for x in every), sum(x[1] for x in every))
         self.trackers.close()
 

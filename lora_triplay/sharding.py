@@ -31,6 +31,8 @@ import logging
 
 import torch
 
+from .errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +43,19 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 def _decoder(model):
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return inner.get_decoder()
+
+
+def check_supported() -> None:
+    """Before minutes of loading: FSDP2 with `ignored_params` is torch 2.7+."""
+    import inspect
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        fully_shard = None
+    if fully_shard is None or "ignored_params" not in inspect.signature(fully_shard).parameters:
+        raise UserError(f"model.fsdp needs torch >= 2.7 (FSDP2's fully_shard with ignored_params); this is torch {torch.__version__}: "
+                        "upgrade torch or drop model.fsdp")
 
 
 def shard_base(model, world: int, device: torch.device) -> dict[str, int]:

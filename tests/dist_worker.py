@@ -37,7 +37,7 @@ def engine_calls(model, tok, collective) -> dict:
     reqs = [Request(["red", "blue", "eval", "base", "blue"][i], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]
     comps = served.generate(reqs, Sampling(max_new_tokens=6, temperature=0.0))
     choices = [Request("eval", [{"role": "user", "content": a}], choices=("Label: negative", "Label: positive")) for a in asks[:3]]
-    return {"tokens": [c[0].token_ids for c in comps], "scores": served.score_choices(choices),
+    return {"generated": [c[0].token_ids for c in comps], "scores": served.score_choices(choices),
             "engine_dummies": engine.lockstep.dummies if engine.lockstep else 0}
 
 
@@ -65,7 +65,9 @@ def main(base: str, out: str, loss_type: str, mode: str = "ddp") -> None:
     stats = learner.step(local)
     state = {k: v.detach().clone() for k, v in adapter_parameters(model, "red").items()}
     torch.save({"state": state, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens, "world": collective.world,
-                "microbatches": stats.extra["microbatches"], "sharded": is_sharded(model), **result},
+                "kl": stats.kl, "entropy": stats.entropy, "clip_fraction": stats.clip_fraction,
+                "microbatches": stats.extra["microbatches"], "grpo_dummies": learner.lockstep_dummies,
+                "sharded": is_sharded(model), **result},
                f"{out}.rank{collective.rank}")
     collective.barrier()
 

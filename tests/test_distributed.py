@@ -61,6 +61,26 @@ def test_tensor_parallel_must_divide_the_processes():
     assert parallel_kwargs(8, 2, cpu=False) == {"distributed_executor_backend": "external_launcher"}
 
 
+def test_an_unknown_adapter_fails_on_every_rank_before_any_work(role_model):
+    """Rank 0's block holds only the first request; the second names an
+    adapter nobody serves: rank 0 must fail too, before generating or
+    waiting for the gather (rank 1 fails the same way in its block)."""
+    from lora_triplay.engine.base import Request, Sampling
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.engine.sharded import ShardedEngine
+
+    model, tok = role_model
+    c = Collective(world=1)
+    c.world = 2  # rank 0 of 2, no process group: reaching the gather would raise another error
+    engine = ShardedEngine(HFEngine(model, tok), c)
+    reqs = [Request("blue", [{"role": "user", "content": "hi"}]), Request("purple", [{"role": "user", "content": "hi"}])]
+    with pytest.raises(KeyError, match="adapter 'purple' is not loaded; known: "):
+        engine.generate(reqs, Sampling(max_new_tokens=2, temperature=0.0))
+    with pytest.raises(KeyError, match="adapter 'purple' is not loaded"):
+        engine.score_choices([Request(r.adapter, r.messages, choices=("a", "b")) for r in reqs])
+    assert engine.local_requests == 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,11 +118,14 @@ def test_a_sharded_base_takes_the_same_step_and_keeps_the_ranks_in_step(tiny_mod
     assert not ref["sharded"] and all(r["sharded"] for r in ranks)
     _assert_same_step(ref, ranks)
     for r in ranks:
-        assert r["tokens"] == ref["tokens"]
+        assert r["generated"] == ref["generated"]
         flat = [x for request in r["scores"] for choice in request for x in choice]
         assert flat == pytest.approx([x for request in ref["scores"] for choice in request for x in choice], abs=1e-5)
     assert ranks[1]["engine_dummies"] > 0 and ranks[0]["engine_dummies"] == 0  # rank 1 had one batch fewer
-    assert ranks[0]["microbatches"] == ranks[1]["microbatches"]  # padded to the busier rank
+    assert ranks[0]["microbatches"] == ranks[1]["microbatches"]  # padded to the busier rank ...
+    assert ranks[0]["grpo_dummies"] == 0 and ranks[1]["grpo_dummies"] >= 1  # ... rank 1's dummy left out of every total:
+    for key in ("kl", "entropy", "clip_fraction"):
+        assert all(r[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7) for r in ranks), key
     # what each rank holds is what `plan` counts: decoder layers split in two, the rest whole
     from lora_triplay.plan import load_shape
 
@@ -218,6 +241,22 @@ def test_a_two_process_run_on_a_sharded_base_equals_one_process_run(one_process_
     assert proc.returncode == 0, out[-5000:]
     assert "decoder layers sharded 2 ways" in out and "ranks agree on the eval adapter (2 processes)" in out
     _assert_same_run(ref, _final(root / "fsdp"))
+
+
+@pytest.mark.slow
+def test_a_sharded_run_killed_resumes_on_one_unsharded_process(one_process_run):
+    """A crash on several GPUs, resumed where one suffices: adapters and
+    optimizer state are whole in the run folder, so `model.fsdp` may change
+    (with --allow-recipe-change) and the run ends as the uninterrupted one."""
+    root, ref = one_process_run
+    crashed = _run(root / "r.yaml", root / "sharded-killed", "--nproc", "2", "model.fsdp=true", crash="commit:5")
+    assert crashed.returncode != 0
+    assert not __import__("json").loads((root / "sharded-killed" / "state.json").read_text())["done"]
+    refused = _run(root / "r.yaml", root / "sharded-killed", "--resume")
+    assert refused.returncode == 2 and "model.fsdp: True -> False" in refused.stderr
+    resumed = _run(root / "r.yaml", root / "sharded-killed", "--resume", "--allow-recipe-change")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    _assert_same_run(ref, _final(root / "sharded-killed"))
 
 
 @pytest.mark.slow

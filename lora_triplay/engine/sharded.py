@@ -35,7 +35,17 @@ class ShardedEngine:
     def __getattr__(self, name):  # adapters, encode, sync, sleep ...: the rank's own engine
         return getattr(self.inner, name)
 
+    def _check_adapters(self, requests: Sequence[Request]) -> None:
+        """An adapter the engine does not serve fails on every rank alike,
+        before any rank starts: failing only on the rank whose block holds
+        the request would leave the others waiting in the gather."""
+        known = set(self.inner.adapters())
+        for r in requests:
+            if r.adapter not in known:
+                raise KeyError(f"adapter {r.adapter!r} is not loaded; known: {', '.join(sorted(known))}")
+
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
+        self._check_adapters(requests)
         if sampling.seed is None and not sampling.greedy:
             sampling = replace(sampling, seed=int(torch.randint(0, 2**31 - 1, (1,))))
         start, mine = self.collective.block(list(requests), self.group)
@@ -48,6 +58,7 @@ class ShardedEngine:
         return out
 
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
+        self._check_adapters(requests)
         _, mine = self.collective.block(list(requests), self.group)
         self.local_requests += len(mine)
         return [scores for part in self._gather(self.inner.score_choices(mine)) for scores in part]
