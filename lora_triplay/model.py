@@ -227,18 +227,35 @@ def load_role_model(cfg: ModelConfig, lora: LoraConfig, seed: int, names: list[s
     `model.fsdp` and several processes the decoder layers are sharded
     across them (sharding.py), loaded on the CPU first so that no GPU ever
     holds the whole base."""
-    from .sharding import check_supported, shard_base
+    from . import sharding
 
-    shard = cfg.fsdp and world > 1
-    if shard:
-        check_supported()  # before minutes of loading
-    base, tokenizer, path = load_base(cfg, place=not shard)
-    model = attach_role_adapters(base, lora, seed, names)
-    if shard:
-        shard_base(model, world, pick_device(cfg))
-    elif cfg.fsdp:
-        log.info("model.fsdp: one process, nothing to shard")
-    return model, tokenizer, path
+    def build(mesh=None):
+        base, tokenizer, path = load_base(cfg, place=mesh is None)
+        model = attach_role_adapters(base, lora, seed, names)
+        if mesh is not None:
+            sharding.shard_base(model, mesh, pick_device(cfg))
+        return model, tokenizer, path
+
+    if not (cfg.fsdp and world > 1):
+        if cfg.fsdp:
+            log.info("model.fsdp: one process, nothing to shard")
+        return build()
+    sharding.check_supported()  # before minutes of loading
+    device = pick_device(cfg)
+    mesh = sharding.device_mesh(world, device)
+    return sharding.in_turns(lambda: build(mesh), _whole_base_bytes(cfg, device), device)
+
+
+def _whole_base_bytes(cfg: ModelConfig, device: torch.device) -> float | None:
+    """One whole copy of the base in the run's dtype (from its config, like
+    `plan`), for loading in turns; None when the config cannot be read."""
+    from .plan import PlanError, load_shape
+
+    try:
+        params = load_shape(cfg.base, cfg.revision, cfg.trust_remote_code).params()
+    except PlanError:
+        return None
+    return params * torch.empty((), dtype=pick_dtype(cfg, device)).element_size()
 
 
 def adapter_parameters(model, adapter: str) -> dict[str, torch.nn.Parameter]:

@@ -299,6 +299,8 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
     if gpus > 1 and r.model.fsdp:
         plan.notes.append(f"{gpus} GPUs, data parallel, the base's decoder layers sharded {gpus} ways (model.fsdp); rollouts and "
                           f"micro-batches split {gpus} ways; every forward all-gathers the layers, so ranks move in step")
+        plan.notes.append(f"host memory while loading: each process reads the whole base ({params * dtype_b / GB:.1f} GB) on the "
+                          f"CPU before keeping its shard, as many processes at a time as host memory holds")
     elif gpus > 1:
         plan.notes.append(f"{gpus} GPUs, data parallel: each holds what is listed (no sharding: model.fsdp=true shards the base); "
                           f"rollouts and micro-batches split {gpus} ways")

@@ -13,6 +13,10 @@ gradients). Everything else stays whole on every rank, on purpose:
   lm_head weight directly, outside any module's forward (Qwen3-14B's two
   vocabulary matrices are 3.1 GB of its 29.5 GB).
 
+Loading: each rank reads the whole base on the CPU, cuts its chunk and
+frees the rest; a node's ranks take turns (`in_turns`) so that host memory
+holds the copies.
+
 The price of sharding: every rank must run the same number of model
 forwards (each one all-gathers every layer, a collective), whatever its own
 share of the work. Two places make sure of it:
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+from pathlib import Path
 
 import torch
 
@@ -58,18 +64,64 @@ def check_supported() -> None:
                         "upgrade torch or drop model.fsdp")
 
 
-def shard_base(model, world: int, device: torch.device) -> dict[str, int]:
-    """Shard the decoder layers of `model` (a PeftModel or a plain causal
-    LM, on the CPU) across the `world` processes of the default group, and
-    put everything on `device`. Returns parameter counts for the log."""
+def device_mesh(world: int, device: torch.device):
+    """The 1-D mesh of every process (a collective: all ranks at once)."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world,))
+
+
+def copies_at_once(copy_bytes: float | None, local_world: int) -> int:
+    """How many processes of this node may hold a whole base on the CPU at
+    once while loading: what MemAvailable allows (80% of it), at least one.
+    LORA_TRIPLAY_LOAD_AT_ONCE overrides (a host whose memory is shared
+    with other jobs)."""
+    if os.environ.get("LORA_TRIPLAY_LOAD_AT_ONCE"):
+        return max(1, int(os.environ["LORA_TRIPLAY_LOAD_AT_ONCE"]))
+    try:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        available = int(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return local_world
+    if not copy_bytes:
+        return local_world
+    return max(1, min(local_world, int(0.8 * available // copy_bytes)))
+
+
+def in_turns(build, copy_bytes: float | None, device: torch.device):
+    """Run `build` (load the whole base on the CPU, then shard it) on each
+    process of a node in turns, as many at a time as host memory holds:
+    eight ranks loading Qwen3-32B at once would need 8 x 66 GB. Sharding
+    frees a rank's whole copy before the next turn starts. The turn count
+    is agreed across nodes, so every rank meets the same barriers."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(torch.distributed.get_world_size())))
+    at_once = copies_at_once(copy_bytes, local_world)
+    turns = torch.tensor([-(-local_world // at_once)], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(turns, op=torch.distributed.ReduceOp.MAX)
+    if local == 0:
+        size = f"~{copy_bytes / 1e9:.1f} GB per copy" if copy_bytes else "copy size unknown"
+        log.info("model.fsdp: loading the base %d process(es) at a time on this node (%s)", at_once, size)
+    built = None
+    for turn in range(int(turns.item())):
+        if local // at_once == turn:
+            built = build()
+        torch.distributed.barrier()
+    return built
+
+
+def shard_base(model, mesh, device: torch.device) -> dict[str, int]:
+    """Shard the decoder layers of `model` (a PeftModel or a plain causal
+    LM, on the CPU) over `mesh` (no collective: every rank cuts its own
+    chunk of the same weights), and put everything on `device`. Returns
+    parameter counts for the log."""
     from torch.distributed.fsdp import fully_shard
 
     decoder = _decoder(model)
     layers = getattr(decoder, "layers", None)
     if layers is None:
         raise ValueError(f"model.fsdp: {type(decoder).__name__} has no `layers` to shard (dense decoder models only)")
-    mesh = init_device_mesh(device.type, (world,))
+    world = mesh.size()
 
     def kept_whole(module) -> set[torch.nn.Parameter]:
         return {p for name, p in module.named_parameters() if "lora_" in name}

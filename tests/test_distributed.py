@@ -81,6 +81,18 @@ def test_an_unknown_adapter_fails_on_every_rank_before_any_work(role_model):
     assert engine.local_requests == 0
 
 
+def test_ranks_load_a_sharded_base_as_many_at_a_time_as_host_memory_holds(monkeypatch):
+    from lora_triplay.sharding import copies_at_once
+
+    monkeypatch.delenv("LORA_TRIPLAY_LOAD_AT_ONCE", raising=False)
+    available = int(dict(x.split(":", 1) for x in Path("/proc/meminfo").read_text().splitlines())["MemAvailable"].split()[0]) * 1024
+    assert copies_at_once(available * 2.0, 8) == 1  # bigger than the host: one at a time, never zero
+    assert copies_at_once(available * 0.3, 8) == 2  # 80% of what is free holds two copies
+    assert copies_at_once(1e6, 8) == 8 and copies_at_once(None, 8) == 8  # small or unknown: all at once
+    monkeypatch.setenv("LORA_TRIPLAY_LOAD_AT_ONCE", "3")
+    assert copies_at_once(1e6, 8) == 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,8 +171,8 @@ experts: {{safety_experts: 2, utility_experts: 2}}
 """
 
 
-def _run(recipe: Path, run_dir: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def _run(recipe: Path, run_dir: Path, *extra: str, crash: str | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env_extra or {})}
     env.pop("LORA_TRIPLAY_CRASH_AT", None)
     if crash:
         env["LORA_TRIPLAY_CRASH_AT"] = crash
@@ -232,13 +244,16 @@ def test_two_process_run_equals_one_process_run(one_process_run):
 @pytest.mark.slow
 def test_a_two_process_run_on_a_sharded_base_equals_one_process_run(one_process_run):
     """model.fsdp (with gradient checkpointing, as the paper recipes run):
-    decoder layers sharded across the 2 ranks, the snapshot defender
-    blue@-1 loaded onto the sharded model; the run folder equals one
-    unsharded process's."""
+    decoder layers sharded across the 2 ranks (loaded one rank at a time,
+    as on a host that holds one copy), the snapshot defender blue@-1
+    loaded onto the sharded model; the run folder equals one unsharded
+    process's."""
     root, ref = one_process_run
-    proc = _run(root / "r.yaml", root / "fsdp", "--nproc", "2", "model.fsdp=true", "model.gradient_checkpointing=true")
+    proc = _run(root / "r.yaml", root / "fsdp", "--nproc", "2", "model.fsdp=true", "model.gradient_checkpointing=true",
+                env_extra={"LORA_TRIPLAY_LOAD_AT_ONCE": "1"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
+    assert "loading the base 1 process(es) at a time on this node" in out
     assert "decoder layers sharded 2 ways" in out and "ranks agree on the eval adapter (2 processes)" in out
     _assert_same_run(ref, _final(root / "fsdp"))
 
