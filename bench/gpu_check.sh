@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prepared GPU check: paper scale on one GPU, no internet, no vLLM.
-# Under 6 minutes on one H200 (what it does: bench/gpu_check.py's header).
+# Under 7 minutes on one H200 (what it does: bench/gpu_check.py's and bench/gpu_fsdp_check.py's headers).
 #
 # The GPU image has torch (2.11), transformers 5.17 and peft but not pydantic, which the
 # recipe schema needs, nor liger-kernel. Carry them as wheels built here:
@@ -19,3 +19,6 @@ python3 -c "import torch, transformers, peft, pydantic; print('torch', torch.__v
 OUT_DIR=${OUT:-bench/results}
 mkdir -p "$OUT_DIR"
 timeout 420 python3 bench/gpu_check.py --out "$OUT_DIR/gpu_check.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
+# model.fsdp on the GPU: a sharded base lands there and computes what the unsharded one does (~1 min)
+timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node 1 bench/gpu_fsdp_check.py --out "$OUT_DIR/gpu_fsdp_check.json" 2>&1 \
+    | tee -a "$OUT_DIR/gpu_check.log"

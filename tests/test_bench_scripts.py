@@ -28,6 +28,20 @@ def test_gpu_check_dry_run(tmp_path):
     assert [s["phase"] for s in result["stages"]["loop"]["steps"]] == ["red", "red", "blue", "blue", "eval", "eval"]
 
 
+def test_gpu_fsdp_check_dry_run(tmp_path):
+    """The sharded-base GPU check, on gloo: a 1-rank sharded tiny model
+    equals the unsharded one (tokens, scores, gradient), all on its device."""
+    out = tmp_path / "gpu_fsdp_check.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                           str(ROOT / "bench" / "gpu_fsdp_check.py"), "--dry-run", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["sharded"] and result["same_tokens"] and not result["off_device_in_sharded"]
+    assert result["largest_gradient_difference"] < 1e-5 * max(result["gradient_scale"], 1e-6) * 10
+
+
 def test_suite_table_reads_each_scripts_json(tmp_path, monkeypatch):
     """bench/suite.py turns each script's JSON into one goal row: measured,
     target, met. Results it cannot find are `not run`, never a guess."""
