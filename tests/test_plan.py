@@ -141,3 +141,16 @@ def test_fsdp_with_4bit_is_one_line(tmp_path: Path):
     with pytest.raises(Exception, match="model.fsdp with model.quantization: 4bit") as err:
         load_recipe(tmp_path / "r.yaml")
     assert "\n" not in str(err.value)
+
+
+def test_fsdp_on_a_torch_without_ignored_params_is_one_line(monkeypatch):
+    """Checked before minutes of loading: FSDP2 with ignored_params is torch 2.7+."""
+    import torch.distributed.fsdp as fsdp
+
+    from lora_triplay.errors import UserError
+    from lora_triplay.sharding import check_supported
+
+    check_supported()  # this torch has it
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, *, mesh=None: module)  # an older signature
+    with pytest.raises(UserError, match=r"model.fsdp needs torch >= 2.7 .*upgrade torch or drop model.fsdp"):
+        check_supported()

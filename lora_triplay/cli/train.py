@@ -85,7 +85,7 @@ def validate(
 def plan(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/14b.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides"),
-    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs (data parallel)"),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs (data parallel; with model.fsdp=true the base's layers are sharded across them)"),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=1.0, help="GB per GPU"),
     prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1, help="prompt length to plan for"),
     json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
