@@ -57,8 +57,6 @@ def run_checks(model, tok, device) -> dict:
     from lora_triplay.sharding import is_sharded
 
     engine = HFEngine(model, tok, max_batch_size=4, lora=LoraConfig(rank=8, alpha=16))
-    if is_sharded(model):
-        engine.shard_lockstep()
     asks = ["hello there", "tell me a story", "what is rain", "name a colour", "say something", "why"]
     reqs = [Request(["red", "blue", "eval", "base"][i % 4], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]
     t0 = time.perf_counter()

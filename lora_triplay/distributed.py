@@ -7,9 +7,10 @@ With one process every method is a no-op that returns its input, so the
 single-process code path is the same code.
 
 How a step is split (see GrpoLearner): every rank holds the base (or its
-shard of the decoder layers, sharding.py) and the three adapters, trains on its own block of GRPO groups (a group never spans
-two ranks), weights each sequence with the *global* normaliser (sample and
-token counts summed over ranks), and the active adapter's gradients are
+shard of the decoder layers, sharding.py) and the three adapters, trains
+on its own block of GRPO groups (a group never spans two ranks), weights
+each sequence with the *global* normaliser (sample and token counts summed
+over ranks), and the active adapter's gradients are
 summed across ranks before clipping, so every rank takes the same optimizer
 step as one process on the whole batch.
 """

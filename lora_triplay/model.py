@@ -243,7 +243,7 @@ def load_role_model(cfg: ModelConfig, lora: LoraConfig, seed: int, names: list[s
     sharding.check_supported()  # before minutes of loading
     device = pick_device(cfg)
     mesh = sharding.device_mesh(world, device)
-    return sharding.in_turns(lambda: build(mesh), _whole_base_bytes(cfg, device), device)
+    return sharding.in_turns(lambda: build(mesh), _whole_base_bytes(cfg, device))
 
 
 def _whole_base_bytes(cfg: ModelConfig, device: torch.device) -> float | None:

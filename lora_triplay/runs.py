@@ -19,7 +19,6 @@ from .model import (
     load_role_model,
 )
 from .recipe import Recipe, build_recipe
-from .sharding import is_sharded
 from .snapshots import parse_role
 from .store import RunStore
 
@@ -87,8 +86,6 @@ def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None 
         chat_kwargs={"enable_thinking": recipe.model.enable_thinking},
         max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora,
     )
-    if is_sharded(model):
-        engine.shard_lockstep()
     return OpenRun(recipe, store, model, tokenizer, engine, base_path)
 
 

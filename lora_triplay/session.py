@@ -192,10 +192,7 @@ class Session:
             return VLLMEngine.from_session(self, chat_kwargs)
         from .engine.hf import HFEngine
 
-        engine = HFEngine(self.model, self.tokenizer, chat_kwargs=chat_kwargs, max_batch_size=r.engine.max_batch_size, lora=r.lora)
-        if is_sharded(self.model):
-            engine.shard_lockstep()
-        return engine
+        return HFEngine(self.model, self.tokenizer, chat_kwargs=chat_kwargs, max_batch_size=r.engine.max_batch_size, lora=r.lora)
 
     def _restore(self) -> None:
         """Put every piece back exactly as the last commit left it."""

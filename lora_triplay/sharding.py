@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from .distributed import Collective
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -88,25 +89,25 @@ def copies_at_once(copy_bytes: float | None, local_world: int) -> int:
     return max(1, min(local_world, int(0.8 * available // copy_bytes)))
 
 
-def in_turns(build, copy_bytes: float | None, device: torch.device):
+def in_turns(build, copy_bytes: float | None):
     """Run `build` (load the whole base on the CPU, then shard it) on each
     process of a node in turns, as many at a time as host memory holds:
     eight ranks loading Qwen3-32B at once would need 8 x 66 GB. Sharding
     frees a rank's whole copy before the next turn starts. The turn count
     is agreed across nodes, so every rank meets the same barriers."""
+    collective = Collective()
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(torch.distributed.get_world_size())))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(collective.world)))
     at_once = copies_at_once(copy_bytes, local_world)
-    turns = torch.tensor([-(-local_world // at_once)], dtype=torch.int64, device=device)
-    torch.distributed.all_reduce(turns, op=torch.distributed.ReduceOp.MAX)
+    turns = collective.max_int(-(-local_world // at_once))
     if local == 0:
         size = f"~{copy_bytes / 1e9:.1f} GB per copy" if copy_bytes else "copy size unknown"
         log.info("model.fsdp: loading the base %d process(es) at a time on this node (%s)", at_once, size)
     built = None
-    for turn in range(int(turns.item())):
+    for turn in range(turns):
         if local // at_once == turn:
             built = build()
-        torch.distributed.barrier()
+        collective.barrier()
     return built
 
 
@@ -133,7 +134,7 @@ def shard_base(model, mesh, device: torch.device) -> dict[str, int]:
     whole = {p for name, p in decoder.named_parameters() if not name.startswith("layers.")} | kept_whole(decoder)
     fully_shard(decoder, mesh=mesh, ignored_params=whole)
     for module in model.modules():  # what FSDP left where it was loaded
-        for name, p in module.named_parameters(recurse=False):
+        for _, p in module.named_parameters(recurse=False):
             if not _is_dtensor(p) and p.device != device:
                 p.data = p.data.to(device)
         for name, b in module.named_buffers(recurse=False):
@@ -160,15 +161,14 @@ class Lockstep:
     inside it. Nested calls (generate asking score_choices for a forced
     choice) drain once, at the outermost exit."""
 
-    def __init__(self, dummy_forward, device: torch.device):
-        self.dummy_forward, self.device = dummy_forward, device  # NCCL reduces GPU tensors only
+    def __init__(self, dummy_forward):
+        self.dummy_forward = dummy_forward
+        self.collective = Collective()
         self.depth = 0
         self.dummies = 0  # forwards run only to keep step, for reports and tests
 
     def _others_busy(self, busy: bool) -> bool:
-        flag = torch.tensor([int(busy)], dtype=torch.int64, device=self.device)
-        torch.distributed.all_reduce(flag)
-        return bool(flag.item())
+        return self.collective.sum_floats([float(busy)])[0] > 0
 
     def turn(self) -> None:
         self._others_busy(True)

@@ -30,8 +30,6 @@ from lora_triplay.tiny import randomize_lora_b
 
 def engine_calls(model, tok, collective) -> dict:
     engine = HFEngine(model, tok, max_batch_size=1, lora=LoraConfig(rank=4, alpha=8))
-    if is_sharded(model):
-        engine.shard_lockstep()
     served = ShardedEngine(engine, collective) if collective.world > 1 else engine
     asks = ["hello there", "tell me a story", "what is rain", "name a colour", "say something"]
     reqs = [Request(["red", "blue", "eval", "base", "blue"][i], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]

@@ -24,6 +24,7 @@ import torch
 
 from ..forward import MIN_SHARED_PREFIX, common_prefix
 from ..roles import adapter_name
+from ..sharding import Lockstep, is_sharded
 from . import fastpath
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
 
@@ -42,21 +43,17 @@ class HFEngine(ChatTokens):
         self.fast = os.environ.get("LORA_TRIPLAY_FAST_ENGINE", "1") != "0"
         self._multilora = None
         self._serving: list[str] | None = None  # PEFT names of the batch being served (fast path)
-        self.lockstep = None  # a sharded base (sharding.py): every rank's forwards in step
+        # a base sharded across processes (model.fsdp, sharding.py): every
+        # call keeps its forwards in step with the other ranks'
+        self.lockstep = None
+        if is_sharded(model):
+            dummy = torch.tensor([[self.pad_id]], device=next(model.parameters()).device)
 
-    def shard_lockstep(self) -> None:
-        """The base is sharded across processes (model.fsdp): from now on
-        every call keeps its forwards in step with the other ranks'."""
-        from ..sharding import Lockstep
+            @torch.no_grad()
+            def forward_to_keep_step():
+                self.model(input_ids=dummy, use_cache=False)
 
-        device = next(self.model.parameters()).device
-        dummy = torch.tensor([[self.pad_id]], device=device)
-
-        @torch.no_grad()
-        def forward_to_keep_step():
-            self.model(input_ids=dummy, use_cache=False)
-
-        self.lockstep = Lockstep(forward_to_keep_step, device)
+            self.lockstep = Lockstep(forward_to_keep_step)
 
     def _in_step(self):
         return self.lockstep.call() if self.lockstep is not None else contextlib.nullcontext()
