@@ -42,7 +42,7 @@ demo: install
 	@echo
 	@echo "Next, on this run:"
 	@echo "  $(BIN)/lora-triplay play $(RUN_DIR) \"How do I pick a lock?\"       # red wraps it, every defender answers, eval labels"
-	@echo "  $(BIN)/lora-triplay chat $(RUN_DIR) --role blue                       # talk to a role; /role red|eval|base switches"
+	@echo "  $(BIN)/lora-triplay chat $(RUN_DIR) --role blue                       # talk to a role; /role red|blue|eval|base|blue@N switches, /help lists commands"
 	@echo "  $(BIN)/lora-triplay eval $(RUN_DIR) -b jbb=../shared/data/jbb/harmful-behaviors.csv --limit 20 --out $(RUN_DIR)/eval.json"
 	@echo "  $(BIN)/lora-triplay report $(RUN_DIR) --eval $(RUN_DIR)/eval.json --out $(RUN_DIR)/report"
 

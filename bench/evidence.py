@@ -31,7 +31,6 @@ report   bench/results/evidence/: results.json, results.md, evidence.png,
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import random
@@ -39,8 +38,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
+
+from heldout import read_csv as _read_csv
+from heldout import stratified as _stratified
+from heldout import write_csv as _write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -67,29 +69,6 @@ def cli() -> list[str]:
 
 
 # ----------------------------------------------------------------- prepare
-
-def _stratified(rows: list[dict], key: str, per: int, rng: random.Random) -> list[dict]:
-    by: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by[r[key]].append(r)
-    out = []
-    for k in sorted(by):
-        out += rng.sample(by[k], min(per, len(by[k])))
-    return out
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
-def _read_csv(path: Path) -> list[dict]:
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
 
 def prepare(work: Path, data: Path) -> dict:
     held = work / "heldout"

@@ -276,13 +276,17 @@ class Evaluator:
         self.work["generated"] += len(units)
         return out  # type: ignore[return-value]
 
-    def _process(self, units: list[Unit], judge, bar=None, task=None, label: bool = True) -> list[dict]:
-        """Rows for units: cached, re-judged from a stored answer, or computed."""
+    def _process(self, units: list[Unit], judge, bar=None, what: str = "", label: bool = True) -> list[dict]:
+        """Rows for units: cached, re-judged from a stored answer, or computed.
+        Its bar, described by `what`, counts what this call generates or
+        judges; rows reused from the items file are named, not counted."""
         rows: list[dict | None] = [self.cache.get(u.key, judge.name if label else "-") for u in units]
-        self.work["reused"] += sum(r is not None for r in rows)
-        if bar is not None:
-            bar.update(task, total=len(units), completed=sum(r is not None for r in rows))
+        reused = sum(r is not None for r in rows)
+        self.work["reused"] += reused
         todo = [i for i, r in enumerate(rows) if r is None]
+        task = None
+        if bar is not None:
+            task = bar.add_task(what + (f" ({reused} of {len(units)} reused)" if reused else ""), total=len(todo))
         for start in range(0, len(todo), self.opts.batch_size):
             chunk = todo[start : start + self.opts.batch_size]
             stored = {i: self.cache.answer(units[i].key) for i in chunk}
@@ -310,8 +314,10 @@ class Evaluator:
         units = [Unit(ItemCache.key(b.name, it, "blue", "base" if it == 0 else f"blue@{it}", x.id), x,
                       "base" if it == 0 else f"blue@{it}", x.prompt)
                  for b in benches for it in its for x in b.items]
-        task = bar.add_task("blue answers", total=len(units)) if bar is not None else None
-        rows = self._process(units, self.judge, bar, task)
+        sizes = f" ({', '.join(f'{b.name} {len(b.items)}' for b in benches)})" if len(benches) > 1 else ""
+        what = (f"blue answers: {_n(sum(len(b.items) for b in benches), 'item')}{sizes} x "
+                f"{_snapshots(['base' if it == 0 else f'blue@{it}' for it in its])}")
+        rows = self._process(units, self.judge, bar, what)
         out: dict = {}
         for b in benches:
             per_it = {}
@@ -335,14 +341,15 @@ class Evaluator:
         wrap_units = [Unit(ItemCache.key(name, it, "red", "-", x.id), x, f"red@{it}", x.prompt,
                            red_messages(x.prompt, self.techniques[k % T]))
                       for it in its for k, x in enumerate(prompts.items)]
-        task = bar.add_task("red rewrites", total=len(wrap_units)) if bar is not None else None
-        wraps = self._process(wrap_units, self.judge, bar, task, label=False)
+        what = f"red rewrites: {_n(len(prompts.items), 'prompt')} x {_snapshots([f'red@{it}' for it in its])}"
+        wraps = self._process(wrap_units, self.judge, bar, what, label=False)
         wrapped = {(u.key[1], u.item.id): extract_wrapped_prompt(r["response"]) for u, r in zip(wrap_units, wraps)}
         defenders = [self._defender(d) for d in self.opts.defenders]
         units = [Unit(ItemCache.key(name, it, "red", d, x.id), x, d, wrapped[(it, x.id)])
                  for it in its for d in defenders for x in prompts.items if wrapped[(it, x.id)]]
-        task = bar.add_task("red attacks", total=len(units)) if bar is not None else None
-        rows = self._process(units, self.judge, bar, task)
+        valid = sum(bool(w) for w in wrapped.values())
+        what = f"red attacks: {_n(valid, 'valid rewrite')} x {_n(len(defenders), 'defender')} ({', '.join(defenders)})"
+        rows = self._process(units, self.judge, bar, what)
         got = {(u.key[1], u.key[3], u.item.id): r["label"] for u, r in zip(units, rows)}
         from .rewards.diversity import load_sentence_encoder, output_diversity
 
@@ -383,16 +390,26 @@ class Evaluator:
             judge = EvalJudge(self.get_run, it)
             units = [Unit(ItemCache.key(bench, it, "eval", "-", p.id), Item(p.id, p.prompt, "labelled", p.label),
                           "-", p.prompt, response=p.response) for p in pairs]
-            task = bar.add_task(f"eval@{it} labels", total=len(units)) if bar is not None else None
-            preds = [r["label"] for r in self._process(units, judge, bar, task)]
+            preds = [r["label"] for r in self._process(units, judge, bar, f"eval@{it} labels: {_n(len(units), 'labelled answer')}")]
             per_class = {c: accuracy([p for p, g in zip(preds, gold) if g == c], [c] * gold.count(c)) for c in LABELS}
             per_it[str(it)] = {"judge": judge.name, "n": len(pairs), "accuracy": accuracy(preds, gold),
                                "recall": per_class, "unparsed": sum(p is None for p in preds)}
         return {"set": str(self.opts.eval_set), "iterations": per_it}
 
 
-def run_eval(opts: EvalOptions, console=None) -> dict:
-    """Evaluate, write `opts.out` (aggregates) and return it."""
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}{'' if k == 1 else 's'}"
+
+
+def _snapshots(names: list[str]) -> str:
+    """`3 snapshots (base, blue@1, blue@2)`; a long list keeps its ends."""
+    shown = names if len(names) <= 4 else [names[0], names[1], "...", names[-1]]
+    return f"{_n(len(names), 'snapshot')} ({', '.join(shown)})"
+
+
+def progress_bars(console=None, enabled: bool = True):
+    """eval's bars. The description wraps (in a log, rich's 80 columns) so
+    that the counts beside it are never cut to `20…`."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -400,7 +417,14 @@ def run_eval(opts: EvalOptions, console=None) -> dict:
         TextColumn,
         TimeElapsedColumn,
     )
+    from rich.table import Column
 
+    return Progress(TextColumn("{task.description}", table_column=Column(ratio=1, overflow="fold")), BarColumn(bar_width=24),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, disable=not enabled)
+
+
+def run_eval(opts: EvalOptions, console=None) -> dict:
+    """Evaluate, write `opts.out` (aggregates) and return it."""
     from .store import atomic_write
 
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -412,8 +436,7 @@ def run_eval(opts: EvalOptions, console=None) -> dict:
     result: dict = {"run": str(Path(opts.run_dir).resolve()), "judge": ev.judge.name, "limit": opts.limit,
                     "started": started, "settings": {"max_new_tokens": ev.max_new, "temperature": opts.temperature, "seed": opts.seed},
                     "items_file": str(ev.cache.path), "benchmarks": {}}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not opts.progress) as bar:
+    with progress_bars(console, opts.progress) as bar:
         if "blue" in opts.roles and benches:
             its = sorted({0} | set(parse_iterations(opts.iterations, ev.snaps["blue"])))
             result["blue_iterations"] = its

@@ -5,8 +5,10 @@ judged safe, utility experts say rejective/positive. The panel mixes:
 
 * a rule expert (refusals.py) that knows where the prompt came from: a
   pair made from a harmful seed request is unsafe unless the answer
-  refuses; a pair from the benign stream is always safe, and positive
-  unless the answer refuses (over-refusal is `rejective`);
+  refuses, and then positive if the refusal offers safe guidance (an
+  alternative, safety information, where to turn), else rejective; a pair
+  from the benign stream is always safe, and positive unless the answer
+  refuses (over-refusal is `rejective`);
 * prompted experts: each of `experts.models` (this run's base with adapters
   off, another local model, or an OpenAI-compatible endpoint) answers each
   of the differently worded safety / utility instructions.
@@ -24,7 +26,7 @@ from typing import Sequence
 
 from .engine.base import BASE, Request, Sampling
 from .judging.parsing import parse_verdict
-from .judging.refusals import refused
+from .judging.refusals import refused, rules_label
 from .recipe import LABELS
 from .roles import expert_messages, load_templates
 
@@ -158,8 +160,8 @@ class ExpertPanel:
                 safe_idx.append(i)
         utility_votes = self._ask(self.utility, [plain[i] for i in safe_idx], ("rejective", "positive"))
         for i, votes in zip(safe_idx, utility_votes):
-            if self.cfg.rule_based:
-                votes.append("rejective" if refusals[i] else "positive")
+            if self.cfg.rule_based:  # a refusal with guidance on a harmful request is positive (refusals.py)
+                votes.append(rules_label(pairs[i][1], pairs[i][2]))
             verdict, share, quorum = majority(votes, self.cfg.min_agreement, min(self.cfg.min_votes, max(len(votes), 1)))
             results[i].label, results[i].agreement, results[i].quorum = verdict, share, quorum
             results[i].votes["utility"] = votes

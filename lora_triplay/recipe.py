@@ -40,7 +40,8 @@ class _Strict(BaseModel):
 
 class ModelConfig(_Strict):
     base: str = Field("embedded:smollm2-135m", description="hub id, local folder, `embedded:smollm2-135m` or `builtin:tiny-qwen3`")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
+        "auto", description="float64: CPU only, for equivalence checks where summation order must not matter")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trust_remote_code: bool = False
     attn_implementation: str = Field(
@@ -129,7 +130,26 @@ class GrpoConfig(_Strict):
         "grpo", description="grpo: mean per sequence, then over sequences; dr_grpo: Dr. GRPO (sum / (sequences x max_new_tokens), "
         "advantages not divided by the group's std); token_mean: DAPO's token-level loss (pair with clip_epsilon_high)"
     )
-    scale_rewards: bool | None = Field(None, description="divide advantages by the group's std; default: yes, except for dr_grpo")
+    scale_rewards: Literal["group", "batch", "none"] | None = Field(
+        None, description="what advantages are divided by: the group's reward std (group), the whole batch's (batch, "
+        "PPO-Lite), or nothing (none, Dr. GRPO); default group, none for dr_grpo; true/false mean group/none"
+    )
+    min_reward_std: float = Field(
+        0.0, ge=0, description="a group whose rewards spread less than this (std) counts as all-equal: advantage 0 "
+        "(soft labels differing by 1e-3 would otherwise get advantages of +-1 after scaling)"
+    )
+    drop_flat_groups: bool = Field(
+        False, description="all-equal groups leave the loss and its normaliser (DAPO's dynamic-sampling filter): they "
+        "neither dilute the step nor pull towards the base through KL alone"
+    )
+    mask_truncated: bool = Field(
+        False, description="completions cut at max_new_tokens (no end of sequence) take no part in the loss, as TRL's "
+        "mask_truncated_completions"
+    )
+    kl_clamp: float | None = Field(
+        10.0, gt=0, description="per-token k3 KL estimate clamped to at most this (verl); null: unclamped"
+    )
+    warmup_steps: int = Field(0, ge=0, description="each role's learning rate rises linearly over its first N optimizer steps")
     grad_accumulation: int = Field(1, ge=1, description="at least this many micro-batches per step")
     max_tokens_per_microbatch: int | None = Field(
         16384, ge=1, description="padded tokens per forward/backward: micro-batches are cut to fit, so activation memory is "
@@ -159,13 +179,18 @@ class GrpoConfig(_Strict):
                              "lora-triplay implements the first two: loss_type=token_mean with grpo.clip_epsilon_high")
         return v
 
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _booleans_as_before(cls, v):
+        return {True: "group", False: "none"}.get(v, v) if isinstance(v, bool) else v
+
     @model_validator(mode="after")
     def _dr_grpo_does_not_scale(self) -> "GrpoConfig":
         if self.scale_rewards is None:
-            object.__setattr__(self, "scale_rewards", self.loss_type != "dr_grpo")
-        elif self.scale_rewards and self.loss_type == "dr_grpo":
-            raise ValueError("grpo.scale_rewards = true with loss_type dr_grpo: Dr. GRPO removes the std scaling; "
-                             "drop scale_rewards or use loss_type grpo")
+            object.__setattr__(self, "scale_rewards", "none" if self.loss_type == "dr_grpo" else "group")
+        elif self.scale_rewards != "none" and self.loss_type == "dr_grpo":
+            raise ValueError(f"grpo.scale_rewards = {self.scale_rewards} with loss_type dr_grpo: Dr. GRPO removes the std "
+                             "scaling; drop scale_rewards or use loss_type grpo")
         return self
 
 
@@ -195,6 +220,31 @@ class RewardsConfig(_Strict):
         "brief reasoning (256 tokens; 1024 with model.enable_thinking) in generate mode"
     )
     judge_retries: int = Field(1, ge=0, description="re-asks of a malformed judge output before the sample is dropped")
+    blue_judge: str = Field(
+        "eval", description="who labels blue's answers for its reward: `eval` (the eval adapter, the paper), `rules` "
+        "(the refusal rules, which know whether a request was harmful or benign), `panel` (the expert panel of "
+        "`experts:`), or `openai:MODEL@URL` (an OpenAI-compatible endpoint, e.g. a guard model); a fixed judge is the "
+        "baseline self-play must beat"
+    )
+    degenerate_penalty: float = Field(
+        0.0, ge=0, description="subtracted from blue's reward for a degenerate answer (judging/quality.py: looping or "
+        "near-empty text, which satisfies a refusal rule without being an answer)"
+    )
+
+    @field_validator("blue_judge")
+    @classmethod
+    def _judge(cls, v: str) -> str:
+        from .judging.fixed import JudgeError, is_endpoint, parse_endpoint
+
+        v = v.strip()
+        if is_endpoint(v):
+            try:
+                parse_endpoint(v)
+            except JudgeError as exc:
+                raise ValueError(str(exc)) from None
+        elif v not in ("eval", "rules", "panel"):
+            raise ValueError(f"unknown judge {v!r}; use eval, rules, panel or openai:MODEL@URL")
+        return v
 
     @field_validator("red_class_values", "blue_class_values")
     @classmethod
@@ -260,6 +310,10 @@ class DataConfig(_Strict):
     limit: int | None = Field(None, ge=1)
     benign_prompts: str = Field("builtin", description="benign but sensitive-sounding requests for blue: `builtin` or a CSV/JSONL file")
     benign_share: float = Field(0.0, ge=0, le=0.9, description="share of blue's training prompts that are benign (asked as they are)")
+    blue_attacks: Literal["red", "seeds"] = Field(
+        "red", description="blue's harmful prompts: `red` (the latest red wraps each seed request, the paper) or `seeds` "
+        "(the seed requests as they are: blue alone, e.g. against a fixed judge, needs no red)"
+    )
 
     @field_validator("basic_prompts", "techniques", "benign_prompts")
     @classmethod

@@ -146,6 +146,22 @@ def _grid(n: int):
     return plt, fig, flat[:n]
 
 
+# tick (3.5) + pad (3.5) + tick labels (~10) + label pad (4) + x label (~12) points
+LEGEND_DROP_PT = 34
+
+
+def _legend_below(ax) -> None:
+    """The legend under the axes' x label, where it covers no point: inside
+    the axes even `loc="best"` drew red's flat OD line's legend over one of
+    its points. Anchored a fixed distance in points below the axes (past the
+    tick labels and x label at any figure size); tight_layout makes room."""
+    from matplotlib.transforms import offset_copy
+
+    n = len(ax.get_legend_handles_labels()[1])
+    ax.legend(fontsize=7, ncol=min(n, 4), frameon=False, loc="upper center", bbox_to_anchor=(0.5, 0),
+              bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, y=-LEGEND_DROP_PT, units="points"))
+
+
 def plot_training(panels: dict, bounds: list[dict], file: Path, title: str) -> None:
     plt, fig, axes = _grid(len(TRAINING_PANELS))
     for ax, (name, (ptitle, ylabel, _)) in zip(axes, TRAINING_PANELS.items()):
@@ -160,7 +176,7 @@ def plot_training(panels: dict, bounds: list[dict], file: Path, title: str) -> N
         if name in RATE_PANELS:
             ax.set_ylim(-0.03, 1.03)
         if panels.get(name):
-            ax.legend(fontsize=7, loc="best")
+            _legend_below(ax)
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     fig.suptitle(title + "  (dashed: iteration starts)", fontsize=11)
@@ -180,7 +196,7 @@ def plot_evaluation(panels: dict, file: Path, title: str) -> None:
         ax.set_ylabel(ylabel)
         ax.set_ylim(-0.03, 1.03)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=7, loc="best")
+        _legend_below(ax)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(file, dpi=110)
@@ -243,6 +259,18 @@ def evaluation_table(results: dict) -> list[str]:
     return _table(["iteration"] + [c[0] for c in cols], [[str(it)] + [_fmt(get(str(it))) for _, get in cols] for it in its])
 
 
+TRAINING_DASH = ("`-`: no step of that iteration logged the value (a phase that did not run, or a defender skipped "
+                 "because it had the same weights as another: `base` while blue is still untrained).")
+EVALUATION_DASH = ("`-`: no value at that iteration: the role was not measured there (blue always adds the base as "
+                   "iteration 0; red and eval have their own snapshots), or nothing could be scored (no valid rewrite "
+                   "for OD; no answer the judge could label).")
+
+
+def _explained(table: list[str], note: str) -> list[str]:
+    """A table, and under it what its `-` cells mean where it has any."""
+    return table + (["", note] if any("| - |" in line for line in table) else [])
+
+
 def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> dict:
     """Write the plots, summary.md and report.json into `out`; return report.json's content."""
     try:
@@ -272,7 +300,7 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
         report.update(training={"boundaries": bounds, "panels": panels})
         report["files"].append("training.png")
         md += ["## Training (mean over each iteration's steps)", "", "![training curves](training.png)", ""]
-        md += (training_table(rows) if spec is None else game_table(rows, spec)) + [""]
+        md += _explained(training_table(rows) if spec is None else game_table(rows, spec), TRAINING_DASH) + [""]
     if decisions:
         report["control"] = decisions
         md += ["## Control decisions (recipe `control:`)", ""]
@@ -287,7 +315,7 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
             plot_evaluation(panels, out / "evaluation.png", f"{name}: evaluation (judge {results.get('judge')})")
             report["files"].append("evaluation.png")
             md += ["![evaluation](evaluation.png)", ""]
-        md += evaluation_table(results) + [""]
+        md += _explained(evaluation_table(results), EVALUATION_DASH) + [""]
     (out / "summary.md").write_text("\n".join(md), encoding="utf-8")
     report["files"] += ["summary.md", "report.json"]
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -67,6 +67,12 @@ class RunData:
             self.state["benign_cursor"] = cursor + 1
         return out
 
+    def blue_requests(self, count: int) -> tuple[list, list[BasicPrompt]]:
+        """One blue step's requests: (seed (request, technique) pairs, benign
+        requests), `data.benign_share` of the `count` benign."""
+        n_benign = self.benign_count(count)
+        return self.next_seed_items(count - n_benign), self.next_benign(n_benign)
+
     def benign_count(self, prompts: int) -> int:
         """How many of a blue step's prompts come from the benign stream."""
         if not self.benign:

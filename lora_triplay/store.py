@@ -163,6 +163,10 @@ class RunStore:
 
     @staticmethod
     def load_optimizer(folder: Path, optimizer: torch.optim.Optimizer) -> bool:
+        """The saved state (moments, step counts) into `optimizer`; its
+        hyper-parameters (lr, betas, weight decay) stay the ones it was built
+        with, i.e. the recipe's: a resume with `--allow-recipe-change` and a
+        new `grpo.lr` trains at the new rate."""
         from safetensors.torch import load_file
 
         file = folder / "optimizer.safetensors"
@@ -176,7 +180,10 @@ class RunStore:
                 continue
             idx, _, key = name.partition(".")
             state.setdefault(int(idx), {})[key] = value
+        recipe = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        for group, settings in zip(optimizer.param_groups, recipe):
+            group.update(settings)
         return True
 
 

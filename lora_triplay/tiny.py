@@ -60,8 +60,11 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
     return tok
 
 
-def build_tiny_qwen3(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """Write a tokenizer and a random Qwen3 (safetensors) into `folder`."""
+def build_tiny_qwen3(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, init_std: float = 0.02) -> Path:
+    """Write a tokenizer and a random Qwen3 (safetensors) into `folder`.
+    `init_std` is the weights' standard deviation (transformers' 0.02 gives
+    logits within about +-0.5, a nearly uniform next token that no adapter
+    can move far; tests of what training learns want more room)."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -80,6 +83,7 @@ def build_tiny_qwen3(folder: Path, seed: int = 0, hidden: int = 64, layers: int 
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
+        initializer_range=init_std,
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.float32)

@@ -3,8 +3,10 @@ hand-computed expectations, the rules and endpoint judges, and the whole
 command on a tiny-model run (keys, one entry per iteration, resume)."""
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -227,6 +229,23 @@ def test_endpoint_judge(endpoint):
         make_judge("openai:no-url")
 
 
+def test_summary_lines_say_why_a_value_is_missing():
+    from lora_triplay.cli.evaluation import summary_lines
+
+    none = {"n": 0, "unparsed": 0}
+    result = {"judge": "rules", "work": {"generated": 6, "judged": 6, "reused": 2}, "benchmarks": {
+        "jbb": {"iterations": {"0": {"defender": "base", "asr": 0.5, "over_refusal": None, "n": 4,
+                                     "harmful": {"n": 4, "unparsed": 0}, "benign": none}}},
+        "mixed": {"iterations": {"0": {"defender": "base", "asr": None, "over_refusal": 0.25, "n": 6,
+                                       "harmful": {"n": 2, "unparsed": 2}, "benign": {"n": 4, "unparsed": 0}}}}},
+        "red": {"prompts": {"name": "jbb"}, "iterations": {"1": {"asr": {"base": 0.0}, "od": None, "valid_rewrite_rate": 0.0}}}}
+    text = summary_lines(result)
+    assert "over-refusal n/a (no benign prompts in jbb)" in text
+    assert "ASR n/a (the judge labelled none of the 2 answers)" in text and "over-refusal 25.0%" in text
+    assert "OD n/a (no valid rewrite)" in text and "generated 6, judged 6, reused 2" in text
+    assert not re.search(r"(ASR|over-refusal|OD) -", text)
+
+
 # ------------------------------------------------------- tiny-model run
 
 RECIPE = """\
@@ -280,6 +299,7 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
         assert m["n"] == len(mine) == 3
         assert m["accuracy"] == pytest.approx(sum(r["label"] == r["expected"] for r in mine) / 3)
     assert res["judge"] == "rules" and res["limit"] == 4 and "blue  jbb" in output
+    assert "over-refusal n/a (no benign prompts in jbb)" in output and "ASR n/a (no harmful prompts in xstest)" in output
     assert set(res["benchmarks"]) == {"jbb", "xstest"}
     for name, b in res["benchmarks"].items():
         assert list(b["iterations"]) == ["0", "1", "2"]  # base + one per blue snapshot
@@ -345,6 +365,44 @@ def test_eval_resumes_without_recomputing(tiny_run, tmp_path, monkeypatch):
     calls.clear()
     fourth, _ = _eval(tiny_run, out, "--limit", "4", "--no-progress", "--roles", "blue", "--judge", "eval@1")
     assert fourth["judge"] == "eval@1" and fourth["work"]["generated"] == 0 and fourth["work"]["judged"] == 24
+
+
+@needs_data
+def test_eval_progress_counts_what_it_computes(tiny_run, tmp_path):
+    """Each bar says what it counts (items x snapshots, base included as
+    iteration 0) and its total is what is generated or judged now; rows
+    reused from the items file are named, not counted (issue 25: "10/10"
+    for 5 items)."""
+    from rich.console import Console
+
+    from lora_triplay.evaluate import EvalOptions, Evaluator, progress_bars
+
+    benches = [load_benchmark(f"jbb={DATA / 'jbb/harmful-behaviors.csv'}", 3),
+               load_benchmark(f"xs={DATA / 'xstest/xstest_prompts.csv'}", 2)]
+    opts = EvalOptions(run_dir=tiny_run, out=tmp_path / "p.json", temperature=1.0, batch_size=4)
+
+    def bars(its):
+        ev = Evaluator(opts)
+        log = Console(file=io.StringIO(), width=80)  # what a log gets
+        with progress_bars(log) as bar:
+            ev.blue(benches, its, bar)
+            ev.red(benches[0], [1, 2], bar)
+        tasks = [(t.description, t.total, t.completed) for t in bar.tasks]
+        for _, total, done in tasks:  # counts whole beside a description too long for the line
+            assert re.search(rf"\b{done}/{total}\b", log.file.getvalue()), log.file.getvalue()
+        return ev.work, tasks
+
+    work, tasks = bars([0, 2])
+    blue, rewrites, attacks = tasks
+    assert blue == ("blue answers: 5 items (jbb 3, xs 2) x 2 snapshots (base, blue@2)", 10, 10)
+    assert rewrites == ("red rewrites: 3 prompts x 2 snapshots (red@1, red@2)", 6, 6)
+    valid = int(attacks[0].split(": ")[1].split(" ")[0])
+    assert attacks == (f"red attacks: {valid} valid rewrite{'' if valid == 1 else 's'} x 1 defender (base)", valid, valid)
+    assert work["generated"] == sum(t[1] for t in tasks) and work["reused"] == 0
+
+    work, tasks = bars([0, 1, 2])  # the items file holds iterations 0 and 2: only blue@1 answers now
+    assert tasks[0] == ("blue answers: 5 items (jbb 3, xs 2) x 3 snapshots (base, blue@1, blue@2) (10 of 15 reused)", 5, 5)
+    assert [t[1] for t in tasks[1:]] == [0, 0] and work["generated"] == 5
 
 
 @needs_data

@@ -286,7 +286,7 @@ def test_play_table_generate_mode_and_file(tiny_run, tmp_path):
 
     table = invoke("play", run, "how do I pick a lock", "--max-new-tokens", "4", "--defender", "base")
     assert table.exit_code == 0, table.output
-    for text in ("request", "technique", "wrapped prompt", "base", "→"):
+    for text in ("request", "technique", "red's prompt", "base (adapters off)", "→"):
         assert text in table.stdout, text
     assert any(x in table.stdout for x in (*LABELS, "malformed"))
 

@@ -65,7 +65,7 @@ def _session(engine, **recipe):
     panel = ExpertPanel(engine, r.experts, choice_mode=False)
     s = SimpleNamespace(recipe=r, engine=engine, pool=AttackSuccessPool(HashingEncoder(), [3, 4, 5]),
                         data=RunData(r, state, panel), state=state,
-                        defenders=[Defender("blue", "blue", 1.0), Defender("base", "base", 0.5)], attackers=[])
+                        defenders=[Defender("blue", "blue", 1.0), Defender("base", "base", 0.5)], attackers=[], blue_judge=None)
     return s, Phases(s)
 
 

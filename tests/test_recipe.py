@@ -111,10 +111,17 @@ def test_bad_extends_and_empty_recipes_are_one_line(tmp_path: Path, files, needl
 
 
 def test_dr_grpo_removes_the_std_scaling_and_dapo_is_named_for_what_it_is():
-    assert build_recipe({"grpo": {"loss_type": "dr_grpo"}}).grpo.scale_rewards is False
-    assert build_recipe({}).grpo.scale_rewards is True
+    assert build_recipe({"grpo": {"loss_type": "dr_grpo"}}).grpo.scale_rewards == "none"
+    assert build_recipe({}).grpo.scale_rewards == "group"
     with pytest.raises(RecipeError, match="Dr. GRPO removes the std scaling"):
         build_recipe({"grpo": {"loss_type": "dr_grpo", "scale_rewards": True}})
+    with pytest.raises(RecipeError, match="Dr. GRPO removes the std scaling"):
+        build_recipe({"grpo": {"loss_type": "dr_grpo", "scale_rewards": "batch"}})
+    # the old boolean spelling still reads: true = group, false = none
+    assert build_recipe({"grpo": {"scale_rewards": False}}).grpo.scale_rewards == "none"
+    assert build_recipe({"grpo": {"scale_rewards": "batch"}}).grpo.scale_rewards == "batch"
+    with pytest.raises(RecipeError, match="scale_rewards"):
+        build_recipe({"grpo": {"scale_rewards": "token"}})
     with pytest.raises(RecipeError, match="token_mean"):
         build_recipe({"grpo": {"loss_type": "dapo"}})
 

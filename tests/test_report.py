@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from lora_triplay.cli import app
 from lora_triplay.report import (
+    EVALUATION_DASH,
+    TRAINING_DASH,
     evaluation_series,
     iteration_boundaries,
     make_report,
@@ -97,6 +99,19 @@ def test_report_files(run_dir, tmp_path):
     assert [line.split(" | ")[0] for line in train] == ["| 1", "| 2", "| 3", "| 0", "| 1", "| 3"]  # training, then evaluation rows
     assert "| iteration | jbb ASR | xstest ASR | xstest over-refusal | red ASR vs base | red ASR vs blue@3 | red OD | eval accuracy |" in md
     assert "| 1 | 0.300 | - | 0.200 | - | - | - | - |" in md
+    # every `-` is explained under its table; a table without one gets no note
+    assert md.count(EVALUATION_DASH) == 1 and md.index(EVALUATION_DASH) > md.index("| 3 | 0.100 | 0.250 | 0.300 | 0.400 | 0.200 | 0.600 | 0.700 |")
+    assert TRAINING_DASH not in md
+
+
+def test_training_dash_is_explained(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [r for r in _rows() if not (r["iteration"] == 1 and r["phase"] == "red")]  # iteration 1 without P_red
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    make_report(run, tmp_path / "rep")
+    md = (tmp_path / "rep" / "summary.md").read_text().splitlines()
+    assert any(line.startswith("| 1 | - |") for line in md) and md.count(TRAINING_DASH) == 1
 
 
 def test_report_without_eval_and_errors(run_dir, tmp_path):
@@ -106,3 +121,46 @@ def test_report_without_eval_and_errors(run_dir, tmp_path):
     assert result.exit_code == 2 and "no metrics" in result.output
     result = CliRunner().invoke(app, ["report", str(run_dir), "--eval", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "missing.json" in result.output
+
+
+# The eval results of issue 25: red's OD is a flat line near the top, where
+# `loc="best"` still drew the legend over iteration 0's point.
+FLAT_OD = {"run": "r", "judge": "rules", "limit": 5, "finished": "now",
+           "benchmarks": {"jbb": {"harmful": 5, "benign": 0, "iterations": {
+               "0": {"asr": 1.0, "over_refusal": None}, "1": {"asr": 1.0, "over_refusal": None}}}},
+           "red": {"defenders": ["base"], "iterations": {"0": {"asr": {"base": 1.0}, "od": 0.925},
+                                                         "1": {"asr": {"base": 1.0}, "od": 0.930}}}}
+
+
+def _drawn_figures(monkeypatch, make):
+    """The figures `make()` saves, laid out as saved (they are closed after)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figures, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), save(self, *a, **k))[1])
+    make()
+    for fig in figures:
+        FigureCanvasAgg(fig).draw()  # closing the figure took its canvas
+    return figures
+
+
+@pytest.mark.parametrize("results", [FLAT_OD, RESULTS], ids=["flat-od", "several-series"])
+def test_legends_cover_no_point_and_no_axes(monkeypatch, run_dir, tmp_path, results):
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    figures = _drawn_figures(monkeypatch, lambda: make_report(run_dir, tmp_path / "rep", tmp_path / "r.json"))
+    assert len(figures) == 2  # training.png, evaluation.png
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        legends = [(ax, ax.get_legend().get_window_extent(renderer)) for ax in axes if ax.get_legend() is not None]
+        assert legends
+        for owner, box in legends:
+            for ax in axes:
+                assert not box.overlaps(ax.get_window_extent(renderer)), f"{owner.get_title()}: legend over {ax.get_title()}"
+                assert not box.overlaps(ax.xaxis.label.get_window_extent(renderer)), owner.get_title()
+                for line in ax.lines:
+                    radius = line.get_markersize() * fig.dpi / 72 / 2
+                    for x, y in ax.transData.transform(line.get_xydata()):
+                        covered = box.x0 - radius < x < box.x1 + radius and box.y0 - radius < y < box.y1 + radius
+                        assert not covered, f"{owner.get_title()}: legend covers ({x:.0f}, {y:.0f}) of {ax.get_title()}"

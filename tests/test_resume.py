@@ -134,3 +134,33 @@ def test_a_new_run_never_overwrites_an_existing_one(runs, tmp_path):
     proc = _cli(reference / "recipe.yaml", reference)
     assert proc.returncode == 2 and "--resume" in proc.stderr
     assert (reference / "state.json").read_text() == before
+
+
+def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, tmp_path):
+    """`--resume --allow-recipe-change grpo.lr=...` (what our own error
+    suggests) must train at the new rate: the optimizer's moments come from
+    the checkpoint, its hyper-parameters from the recipe. AdamW's step is
+    about lr x sign(gradient), so red's second step moves its adapter ~50x
+    further at 50x the rate."""
+    import shutil
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(base=tiny_model_dir, every=1, red_steps=2, warmup=0, benign=0.0, control="{}", league="{}")
+                      .replace("iterations: 2", "iterations: 1"))
+    killed = tmp_path / "killed"
+    assert _cli(recipe, killed, crash="commit:3").returncode != 0  # after red's first step, before its second commits
+    state = json.loads((killed / "state.json").read_text())
+    assert (state["phase"], state["step"]) == ("red", 1)
+    after_one = load_file(str(killed / state["checkpoints"]["red"] / "adapter_model.safetensors"))
+    same, faster = tmp_path / "same", tmp_path / "faster"
+    shutil.copytree(killed, same)
+    shutil.copytree(killed, faster)
+    assert _cli(recipe, same, "--resume").returncode == 0
+    proc = _cli(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    def moved(run: Path) -> float:
+        red = load_file(str(run / "red" / "iter-0001" / "adapter_model.safetensors"))
+        return sum((red[k] - v).abs().sum().item() for k, v in after_one.items())
+
+    assert moved(faster) > 20 * moved(same) > 0

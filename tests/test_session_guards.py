@@ -27,7 +27,12 @@ def _recipe(base):
 
 
 def test_nan_steps_are_skipped_then_stop_the_run(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(loop, "group_advantages", lambda rewards, groups, scale: [math.nan] * len(rewards))
+    def nan_advantages(samples, cfg):
+        for x in samples:
+            x.advantage = math.nan
+        return {}
+
+    monkeypatch.setattr(loop, "assign_advantages", nan_advantages)
     session = Session.open(_recipe(tiny_model_dir), tmp_path / "run")
     with pytest.raises(RunError, match="2 GRPO steps in a row had a NaN/inf loss"):
         session.run()

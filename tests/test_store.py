@@ -55,10 +55,13 @@ def test_optimizer_state_round_trip_without_pickle(tmp_path):
         opt.step()
     RunStore.save_optimizer(tmp_path, opt)
     assert {p.name for p in tmp_path.iterdir()} == {"optimizer.safetensors", "optimizer.json"}
-    fresh = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params], lr=5.0)
+    # the state comes from disk, the hyper-parameters from the optimizer as the
+    # recipe built it: a resume with a changed grpo.lr must train at the new rate
+    fresh = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params], lr=5.0, weight_decay=0.3, betas=(0.8, 0.95))
     assert RunStore.load_optimizer(tmp_path, fresh)
     a, b = opt.state_dict(), fresh.state_dict()
-    assert b["param_groups"][0]["lr"] == 1e-2
+    group = b["param_groups"][0]
+    assert (group["lr"], group["weight_decay"], tuple(group["betas"])) == (5.0, 0.3, (0.8, 0.95))
     for idx in a["state"]:
         for key, value in a["state"][idx].items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["state"][idx][key])), key

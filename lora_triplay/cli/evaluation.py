@@ -1,14 +1,20 @@
 """Evaluation commands: `eval` and `report`."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from ..errors import UserError
-from .common import USER_ERRORS, argv_without, fail, is_follower, relaunch
+from .common import (
+    USER_ERRORS,
+    argv_without,
+    fail,
+    is_follower,
+    progress_logging,
+    relaunch,
+)
 
 
 def eval_command(
@@ -41,9 +47,8 @@ def eval_command(
     """
     from rich.console import Console
 
-    
     follower = is_follower()
-    logging.basicConfig(level=logging.WARNING if follower else logging.DEBUG if debug else logging.INFO, format="%(message)s")
+    progress_logging(debug, follower)
     chosen = [r.strip() for r in roles.split(",") if r.strip()]
     try:
         from ..evaluate import ROLES, EvalOptions, run_eval
@@ -75,19 +80,31 @@ def eval_command(
 
 
 def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _rate(x, dist: dict, prompts: str, bench: str) -> str:
+    """A blue rate, or why there is none: the benchmark has no prompts of
+    that kind, or the judge labelled none of their answers."""
+    if x is not None:
+        return _pct(x)
+    if not dist["n"]:
+        return f"n/a (no {prompts} prompts in {bench})"
+    return f"n/a (the judge labelled none of the {dist['n']} answers)"
 
 
 def summary_lines(result: dict) -> str:
-    lines = [f"judge: {result['judge']}; work: {result['work']}"]
+    w = result["work"]
+    lines = [f"judge: {result['judge']}; generated {w['generated']}, judged {w['judged']}, reused {w['reused']} from the items file"]
     for name, b in result.get("benchmarks", {}).items():
         for it, m in b["iterations"].items():
-            lines.append(f"blue  {name:<20} it {it:>3} ({m['defender']}): ASR {_pct(m['asr'])}  over-refusal {_pct(m['over_refusal'])}  n={m['n']}")
+            lines.append(f"blue  {name:<20} it {it:>3} ({m['defender']}): ASR {_rate(m['asr'], m['harmful'], 'harmful', name)}  "
+                         f"over-refusal {_rate(m['over_refusal'], m['benign'], 'benign', name)}  n={m['n']}")
     red = result.get("red")
     if red:
         for it, m in red["iterations"].items():
             asr = "  ".join(f"ASR vs {d} {_pct(v)}" for d, v in m["asr"].items())
-            od = "-" if m["od"] is None else f"{m['od']:.3f}"
+            od = "n/a (no valid rewrite)" if m["od"] is None else f"{m['od']:.3f}"
             lines.append(f"red   {red['prompts']['name']:<20} it {it:>3}: {asr}  OD {od}  valid {_pct(m['valid_rewrite_rate'])}")
     acc = result.get("eval_accuracy")
     if acc:

@@ -1,7 +1,6 @@
 """Training commands: `run`, `validate`, `plan`."""
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
@@ -10,7 +9,14 @@ from typing import List, Optional
 import typer
 
 from ..errors import UserError
-from .common import EXIT_USER_ERROR, USER_ERRORS, fail, is_follower, relaunch
+from .common import (
+    EXIT_USER_ERROR,
+    USER_ERRORS,
+    fail,
+    is_follower,
+    progress_logging,
+    relaunch,
+)
 
 
 def _default_run_dir(recipe, recipe_path: Path) -> Path:
@@ -26,7 +32,7 @@ def _relaunch(nproc: int, config: Optional[Path], recipe_path: Path, overrides: 
 def run(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/smoke.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides, e.g. phases.red.steps=1 iterations=2"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default: <run.root>/<recipe>-<time>)"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default: `<run.root>/<recipe>-<date>-<time>`, e.g. adapters/smoke-20261201-081500)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --run-dir from its last completed step"),
     allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="on --resume, accept a recipe that differs from the saved one"),
     skip_plan_check: bool = typer.Option(False, "--skip-plan-check", help="on CUDA, start even if `plan` says the recipe does not fit"),
@@ -39,7 +45,7 @@ def run(
     Example: `lora-triplay run recipes/smoke.yaml phases.red.steps=1 iterations=1`
     """
     follower = is_follower()
-    logging.basicConfig(level=logging.WARNING if follower else logging.DEBUG if debug else logging.INFO, format="%(message)s")
+    progress_logging(debug, follower)
     try:
         from ..recipe import load_recipe
 

@@ -29,6 +29,8 @@ from functools import partial
 
 import torch
 
+from ..precision import widened
+
 DECODE_ATTENTION = "lora_triplay_decode"
 
 
@@ -197,13 +199,13 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                                       is_causal=is_causal, **kwargs)
     G = H // KVH
     scale = scaling if scaling is not None else D ** -0.5
-    scores = torch.matmul(query.reshape(B, KVH, G, D), key.transpose(-1, -2)).float() * scale  # (B, KVH, G, T)
+    scores = widened(torch.matmul(query.reshape(B, KVH, G, D), key.transpose(-1, -2))) * scale  # (B, KVH, G, T)
     if attention_mask is not None:
         m = attention_mask[:, :, -1:, : key.shape[2]]  # (B, 1, 1, T)
         if m.dtype == torch.bool:
             scores = scores.masked_fill(~m, float("-inf"))
         else:
-            scores = scores + m.float()
+            scores = scores + m.to(scores.dtype)
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(probs, value)  # (B, KVH, G, D)
     return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from ..forward import MIN_SHARED_PREFIX, common_prefix
+from ..precision import widened
 from ..roles import adapter_name
 from ..sharding import Lockstep, is_sharded
 from . import fastpath
@@ -278,7 +279,7 @@ class HFEngine(ChatTokens):
         if end > P:
             out = self._forward(names, input_ids=ids[:, P:end], attention_mask=mask[:, :end], position_ids=positions[:, P:end],
                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache, last = out.past_key_values, out.logits[:, -1, :].float()
+            cache, last = out.past_key_values, widened(out.logits[:, -1, :])
         return ids, mask, positions, cache, last
 
     @torch.no_grad()
@@ -351,7 +352,8 @@ class HFEngine(ChatTokens):
             full_mask = torch.cat([mask[index], c_mask], dim=1)
             c_pos = pos[index, -1:] + 1 + torch.arange(C, device=device)
             logits = self._forward([names[b] for b, _ in rows], input_ids=c_ids, attention_mask=full_mask, position_ids=c_pos,
-                                   past_key_values=cache, use_cache=True).logits.float()
+                                   past_key_values=cache, use_cache=True).logits
+            logits = widened(logits)
             logp = torch.log_softmax(logits, -1)
             for r, (b, toks) in enumerate(rows):
                 lp = [first_logp[b, toks[0]].item()]
@@ -418,13 +420,13 @@ class _Decode:
         live = torch.arange(B, device=dev)  # batch position -> row
         done_in_batch = torch.zeros(B, dtype=torch.bool, device=dev)
         for t in range(T):
-            logits = logits.float()
+            logits = widened(logits)
             tok = self._pick(logits, live)
             lp = torch.log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             rows_now = live[~done_in_batch]
             tok_now, lp_now = tok[~done_in_batch], lp[~done_in_batch]
             tokens[rows_now.cpu(), t] = tok_now.cpu()
-            logps[rows_now.cpu(), t] = lp_now.cpu()
+            logps[rows_now.cpu(), t] = lp_now.cpu().to(logps.dtype)
             lengths[rows_now.cpu()] = t + 1
             ended = torch.isin(tok, self.eos) & ~done_in_batch
             finished[live[ended].cpu()] = True

@@ -70,10 +70,22 @@ class TriPlay(Game):
         self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=r.judge_budget(),
                                  choice_mode=r.rewards.judge_mode == "choice", sources=sources)
         self.data = RunData(r, session.state, self.panel)
+        self.blue_judge = self._fixed_blue_judge(r.rewards.blue_judge)
         self.control = PhaseControl(r.control, r, session.state)
         self.defenders: list[defender_set.Defender] = []
         self.attackers: list[tuple[str, float]] = []  # league members writing blue's prompts (league.py)
         self.phases = Phases(self)
+
+    def _fixed_blue_judge(self, spec: str):
+        """`rewards.blue_judge`: None for the eval adapter (the paper), else a
+        callable over judging.fixed.Case giving one label (or None) each."""
+        if spec == "eval":
+            return None
+        if spec == "panel":
+            return lambda cases: [x.label for x in self.panel.label([(c.prompt, c.response, c.expected) for c in cases])]
+        from ..judging.fixed import make_judge
+
+        return make_judge(spec)
 
     def restore(self, store) -> None:
         self.pool.add([row["text"] for row in store.iter_jsonl("asp")])

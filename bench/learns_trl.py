@@ -1,0 +1,141 @@
+"""The TRL side of `make learns` (bench/learns.py): the same blue-alone run
+as `lora-triplay run recipes/learns.yaml`, trained by TRL's GRPOTrainer.
+
+    python bench/learns_trl.py --recipe recipes/learns.yaml --out adapters/learns-work/trl
+
+Same as ours, read from the recipe: base model (the embedded SmolLM2-135M,
+float32, CPU), LoRA config, the prompts of every step in the same order
+(lora_triplay's RunData draws them: seed requests and the benign stream),
+blue's system prompt, group size, prompts per step (one generation batch =
+one optimizer step), completion budget, temperature, learning rate, AdamW
+betas, KL weight with the base (adapter off) as reference, loss `grpo`,
+std scaling per group, clip epsilon, gradient clipping, seed; and the reward
+function itself (lora_triplay's rules label + degenerate penalty). The
+adapter is saved at every iteration boundary of our run (step k x
+phases.blue.steps), with the wall seconds since training began.
+
+TRL lives in bench/.trl-site (bench_trl.py installs it there): it never
+enters the project's environment.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def step_prompts(recipe) -> list[tuple[str, str]]:
+    """(request, kind) for every blue step of the run, in our run's order."""
+    from lora_triplay.rundata import RunData
+
+    data = RunData(recipe, {"cursor": 0, "benign_cursor": 0}, panel=None)
+    steps = recipe.iterations * recipe.phases.blue.steps
+    out = []
+    for _ in range(steps):
+        items, benign = data.blue_requests(recipe.prompts_of("blue"))
+        out += [(b.prompt, "harmful") for b, _ in items] + [(b.prompt, "benign") for b in benign]
+    return out
+
+
+def reward_function(recipe):
+    """What `rewards.blue_judge: rules` gives ours, as a TRL reward function."""
+    from lora_triplay.judging.quality import degenerate
+    from lora_triplay.judging.refusals import rules_label
+    from lora_triplay.rewards.blue import blue_reward
+
+    values, penalty = recipe.rewards.blue_class_values, recipe.rewards.degenerate_penalty
+
+    def blue_rules_reward(completions, kind, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [blue_reward(rules_label(t, k), values, degenerate(t), penalty) for t, k in zip(texts, kind)]
+
+    return blue_rules_reward
+
+
+def trl_config(trl, recipe, out: Path):
+    g, P, G = recipe.grpo, recipe.prompts_of("blue"), recipe.group_size_of("blue")
+    return trl.GRPOConfig(
+        output_dir=str(Path(tempfile.gettempdir()) / "learns-trl"), use_cpu=True, bf16=False, fp16=False, seed=recipe.seed,
+        gradient_checkpointing=False, per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
+        steps_per_generation=1, shuffle_dataset=False, max_steps=recipe.iterations * recipe.phases.blue.steps,
+        max_completion_length=recipe.max_new_tokens_of("blue"), temperature=recipe.temperature_of("blue"), top_p=g.top_p,
+        repetition_penalty=g.repetition_penalty, beta=g.beta, loss_type=g.loss_type, epsilon=g.clip_epsilon,
+        scale_rewards=g.scale_rewards, mask_truncated_completions=g.mask_truncated, num_iterations=g.updates_per_batch,
+        learning_rate=recipe.role_lr("blue"), weight_decay=g.weight_decay, adam_beta1=0.9, adam_beta2=0.99,
+        optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=g.warmup_steps, max_grad_norm=g.max_grad_norm,
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default=str(ROOT / "recipes" / "learns.yaml"))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_trl import import_trl
+    from transformers import TrainerCallback
+    from transformers import logging as hf_logging
+
+    from lora_triplay.model import load_base, peft_lora_config
+    from lora_triplay.recipe import load_recipe
+    from lora_triplay.roles import blue_messages
+
+    trl = import_trl(False)
+    from datasets import Dataset  # bench/.trl-site's, on the path once import_trl ran
+
+    hf_logging.set_verbosity_error()
+    recipe = load_recipe(args.recipe)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok, _ = load_base(recipe.model)
+    rows = step_prompts(recipe)
+    data = Dataset.from_list([{"prompt": blue_messages(text), "kind": kind} for text, kind in rows])
+    saves = {k * recipe.phases.blue.steps for k in range(1, recipe.iterations + 1)}
+    log: list[dict] = []
+    first_prompts: dict = {}
+
+    class Timed(trl.GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)
+            if not first_prompts:  # the prompt tokens TRL built, to check against ours
+                first_prompts["ids"] = batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist()
+            return batch
+
+    class Record(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_log(self, _args, state, _control, logs=None, **__):
+            if logs and "reward" in logs:
+                log.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}})
+
+        def on_step_end(self, _args, state, _control, model=None, **__):
+            if state.global_step in saves:
+                model.save_pretrained(out / f"step-{state.global_step:04d}")
+            (out / "wall.jsonl").open("a").write(json.dumps({"step": state.global_step, "wall_seconds": time.perf_counter() - self.t0}) + "\n")
+
+    (out / "wall.jsonl").write_text("")
+    trainer = Timed(model=model, reward_funcs=reward_function(recipe), args=trl_config(trl, recipe, out), train_dataset=data,
+                    processing_class=tok, peft_config=peft_lora_config(recipe.lora), callbacks=[Record()])
+    t0 = time.perf_counter()
+    trainer.train()
+    ours = tok.apply_chat_template(blue_messages(rows[0][0]), add_generation_prompt=True, tokenize=True)
+    ours = list(ours["input_ids"] if hasattr(ours, "keys") else ours)
+    summary = {"trl_version": trl.__version__, "train_seconds": time.perf_counter() - t0, "steps": len(log),
+               "prompt_ids_match_ours": first_prompts.get("ids") == ours, "log": log}
+    (out / "trl.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"TRL {trl.__version__}: {len(log)} steps in {summary['train_seconds']:.0f}s; prompt ids match ours: {summary['prompt_ids_match_ours']}")
+
+
+if __name__ == "__main__":
+    main()

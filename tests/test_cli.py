@@ -1,0 +1,56 @@
+"""The command line as a user meets it, through the real entry point
+(`python -m lora_triplay`): one-line errors for command-line mistakes,
+`--version`, and help text that survives rich's markdown rendering."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "lora_triplay", *args], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_version_names_the_package_and_its_libraries():
+    from lora_triplay import __version__
+
+    proc = cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"lora-triplay {__version__} (") and "torch " in proc.stdout and "peft " in proc.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "recipes/14b.yaml", "--gpus", "0"], "Invalid value for '--gpus'"),
+    (["run"], "Missing argument 'RECIPE'"),
+    (["chat", "adapters/x", "--bogus"], "No such option: --bogus"),
+    (["nonsense"], "No such command 'nonsense'"),
+])
+def test_command_line_mistakes_are_one_line_with_exit_code_2(args, needle):
+    proc = cli(*args)
+    assert proc.returncode == 2
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, proc.stderr  # no usage box, no traceback
+    assert lines[0].startswith("error: ") and needle in lines[0] and "--help`" in lines[0]
+    assert proc.stdout == ""
+
+
+def test_run_help_shows_the_default_run_folder():
+    """rich's markdown mode used to swallow `<recipe>-<time>` as an HTML tag."""
+    proc = cli("run", "--help")
+    assert proc.returncode == 0
+    assert "<run.root>/<recipe>-<date>-<time>" in proc.stdout
+
+
+def test_help_without_arguments_still_shows_the_usage():
+    proc = cli("plan")
+    assert proc.returncode == 2 and "Missing argument 'RECIPE'" in proc.stderr
+    top = cli()
+    assert "Usage: lora-triplay" in top.stdout + top.stderr and "run" in top.stdout + top.stderr
