@@ -1,4 +1,5 @@
 # lora-triplay: `make demo` installs and runs the smoke recipe; `make test` runs the tests.
+DATA    ?= ../shared/data
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -14,7 +15,7 @@ export TOKENIZERS_PARALLELISM = false
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: install install-vllm demo test smoke-ci bench bench-engines gpu-wheels evidence
+.PHONY: install install-vllm demo test smoke-ci bench bench-engines gpu-wheels learns evidence evidence-ablations
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -64,12 +65,23 @@ bench: install-vllm
 bench-engines: install-vllm
 	$(BIN)/python bench/bench_engines.py
 
-# Does training work? 5 runs of recipes/cpu-evidence.yaml on the embedded
-# model, evaluated with fixed judges on held-out data, reported under
-# bench/results/evidence/ (about 3 hours on 2 cores; resumable).
-DATA ?= ../shared/data
+# Does our GRPO learn on a reward known to be right? Blue alone against the
+# fixed rules judge, beside TRL's GRPOTrainer on the same settings (TRL goes
+# into bench/.trl-site, never into .venv), evaluated on held-out sets:
+# bench/results/learns/ (under 50 minutes on 2 cores).
+learns: install
+	$(BIN)/python bench/learns.py --data $(DATA)
+
+# Does the loop work? recipes/cpu-evidence.yaml for seeds 0 and 1, one after
+# the other, every iteration evaluated with fixed judges on held-out sets:
+# bench/results/evidence/ (about 2 hours on 2 cores; resumable).
 evidence: install
-	$(BIN)/python bench/evidence.py --data $(DATA) --jobs 2
+	$(BIN)/python bench/evidence.py --data $(DATA)
+
+# The same budget with one change each: the fixed rules judge instead of
+# eval (the baseline self-play must beat), no diversity penalty, no benign stream.
+evidence-ablations: install
+	$(BIN)/python bench/evidence.py --data $(DATA) --ablations
 
 # Wheels the GPU machine lacks (its image has torch/transformers/peft but no
 # pydantic, and no liger-kernel), for Python 3.12 on x86-64: carried to the

@@ -50,8 +50,8 @@ def main() -> None:
     from lora_triplay.engine.hf import HFEngine
     from lora_triplay.forward import SHARED, completion_logprobs
     from lora_triplay.grpo import Sample
+    from lora_triplay.judging.parsing import LABEL_CHOICES
     from lora_triplay.logprobs import LogprobComputer
-    from lora_triplay.loop import LABEL_CHOICES
     from lora_triplay.model import activate, attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
     from lora_triplay.roles import (

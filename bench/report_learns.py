@@ -75,11 +75,13 @@ def figure(res: dict, path: Path) -> None:
 
 def markdown(res: dict) -> str:
     lines = [f"# Blue learns against a fixed judge ({res['date']})", "",
-             f"`make learns` (bench/learns.py), recipe `{res['recipe']}`; held-out sets of {res['heldout']['sets']['jbb-harmful']['rows']} "
+             f"`make learns` (bench/learns.py), recipe `{res['recipe']}`; held-out sets of {res['ours']['sets']['jbb-harmful']['before']['n']} "
              f"prompts each, greedy answers of {res['heldout']['max_new_tokens']} tokens, labelled by the rules judge. "
              f"Ours and TRL {res['trl_version']} trained side by side, one core each "
              f"(process minutes, model loading included: {res['process_minutes']}). TRL's prompt tokens equal ours: "
-             f"{res['trl_prompt_ids_match_ours']}.", "",
+             f"{res['trl_prompt_ids_match_ours']}. Seconds per GRPO step, side by side: ours {res['seconds_per_step']['ours']:.0f}, "
+             f"TRL {res['seconds_per_step']['trl']:.0f} (x{res['seconds_per_step']['trl_over_ours']:.1f}); TRL stopped at its "
+             f"{res['trl_budget_seconds']:.0f}-second budget after {res['trl']['steps']} of {res['trl_planned_steps']} steps.", "",
              "| set | metric | base | ours (after) | TRL (after) |", "| --- | --- | ---: | ---: | ---: |"]
     for s, title in SET_TITLES.items():
         keys = ("asr", "refusal_with_guidance", "degenerate") if "asr" in res["ours"]["sets"][s]["before"] else ("over_refusal", "degenerate")
@@ -122,7 +124,7 @@ def transcripts(work: Path, res: dict, per_set: int = 10) -> str:
              "Answers to harmful requests that comply are withheld (label and length only), and harmful requests are "
              "shown by benchmark and category only; benign requests and every refusal are shown as written.", ""]
     for s, title in SET_TITLES.items():
-        rows = read_csv(work / "heldout" / f"{s}.csv")
+        rows = [r for r in read_csv(work / "heldout" / f"{s}.csv") if ("base", s, r["id"]) in by]
         picks = rows[:: max(len(rows) // per_set, 1)][:per_set]
         lines += [f"## {title}", "", "| request | base | lora-triplay | TRL |", "| --- | --- | --- | --- |"]
         for row in picks:

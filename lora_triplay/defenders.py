@@ -6,7 +6,10 @@ blue N phases before the current one, so it moves with the run. A defender
 whose weights equal an earlier one's is skipped for the phase: `blue@1`
 during iteration 2's P_red is the current `blue` (blue has not trained
 since), and an untrained snapshot (B = 0) is the bare `base`. Asking the
-same weights twice would only double-count them in red's reward.
+same weights twice would only double-count them in red's reward. A
+defender with a `model` is another model family (an OpenAI-compatible
+endpoint or a local model), as the paper's other defenders: it answers
+outside the mixed batch, through the expert panel's sources.
 """
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ ZERO = "zero-adapter"  # the fingerprint of `base` and of any all-zero adapter
 @dataclass(frozen=True)
 class Defender:
     name: str  # as the recipe writes it: metrics are asr_<name>
-    adapter: str  # what the engine serves: blue, base, blue@N
+    adapter: str  # what the engine serves: blue, base, blue@N (a model defender: its spec)
     weight: float
+    source: object | None = None  # a model defender: experts' EngineSource / EndpointSource, asked with .ask()
 
 
 def fingerprint(folder: Path) -> str:
@@ -39,14 +43,26 @@ def fingerprint(folder: Path) -> str:
     return hashlib.sha256(weights.read_bytes()).hexdigest()
 
 
-def resolve(defenders, store, engine) -> list[Defender]:
+def model_sources(defenders, engine, device=None, dtype=None, trust_remote_code: bool = False) -> dict[str, object]:
+    """One source per model defender (an endpoint, or a local model loaded
+    once for the run), by name."""
+    from .experts import build_sources
+
+    return {d.name: build_sources([d.model], engine, device, dtype, trust_remote_code)[0] for d in defenders if d.model}
+
+
+def resolve(defenders, store, engine, sources: dict[str, object] | None = None) -> list[Defender]:
     """The defenders of this red phase, snapshots loaded into the engine,
-    duplicates and not-yet-existing snapshots left out (logged)."""
+    duplicates and not-yet-existing snapshots left out (logged); model
+    defenders answer through `sources` (model_sources)."""
     snapshots = store.snapshots("blue")
     latest = max(snapshots) if snapshots else 0
     out: list[Defender] = []
     seen: dict[str, str] = {}
     for d in defenders:
+        if getattr(d, "model", None):
+            out.append(Defender(d.name, d.model, d.weight, (sources or {})[d.name]))
+            continue
         spec = parse_spec(d.name)
         if spec.role == "base":
             adapter, print_ = "base", ZERO

@@ -4,7 +4,9 @@
   iteration-0 reference) answers every benchmark prompt; a fixed judge labels
   each answer. ASR = share of harmful prompts whose answer is judged
   `negative`; over-refusal = share of benign prompts (XSTest safe, JBB
-  benign) whose answer is judged `rejective`; plus the three-class split.
+  benign) whose answer is judged `rejective`; plus the three-class split
+  and the share of degenerate answers (looping or near-empty text,
+  judging/quality.py: a blue that hacked its judge rather than got safer).
 * red: every selected red snapshot wraps a fixed set of basic prompts (each
   prompt always with the same technique: technique i mod T); fixed defenders
   (`base`, `blue@N`, `openai:MODEL@URL`) answer; the fixed judge labels.
@@ -38,6 +40,7 @@ from .benchmarks import Benchmark, Item, load_benchmark, load_eval_set
 from .errors import UserError
 from .judging.fixed import Case, ChatEndpoint, EvalJudge, is_endpoint, make_judge
 from .judging.parsing import LABELS
+from .judging.quality import degenerate_rate
 from .snapshots import SpecError, parse_role
 
 ROLES = ("blue", "red", "eval")
@@ -329,6 +332,8 @@ class Evaluator:
                     "defender": mine[0]["defender"], "judge": self.judge.name, "n": len(mine),
                     "asr": attack_success_rate(harm), "over_refusal": over_refusal_rate(ben),
                     "harmful": distribution(harm), "benign": distribution(ben),
+                    # looping or near-empty answers (judging/quality.py): a hacked judge, not a safer blue
+                    "degenerate": degenerate_rate(r["response"] for r in mine),
                 }
             out[b.name] = {"path": b.path, "format": b.format, "items": len(b.items), **b.counts(), "iterations": per_it}
         return out

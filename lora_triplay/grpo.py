@@ -33,15 +33,18 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
+from . import supervised
 from .distributed import Collective
 from .faults import crash_point
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
 from .logprobs import LogprobComputer, logit_transform
 from .recipe import GrpoConfig
 from .sharding import is_sharded
+from .supervised import ChoiceExample
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,7 @@ class GrpoLearner:
         self.collective = collective or Collective(world=1)
         self.max_new_tokens = max_new_tokens or cfg.max_new_tokens  # dr_grpo's constant normaliser
         self.lr = lr
+        self.last_lr = lr  # the rate of the last optimizer step (warmup), for the metrics row
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         self.nonfinite_in_a_row = 0
         if computer is None:
@@ -303,12 +307,16 @@ class GrpoLearner:
         self.optimizer.zero_grad(set_to_none=True)
         return grads
 
-    def step(self, samples: list[Sample]) -> StepStats:
+    def step(self, samples: list[Sample], examples: Sequence[ChoiceExample] = (), smoothing: float = 0.0) -> StepStats:
         """`updates_per_batch` policy updates on one rollout batch; with more
-        than one, the ratio moves away from 1 and clipping takes effect."""
+        than one, the ratio moves away from 1 and clipping takes effect.
+        `examples`: labelled forced choices whose mean cross-entropy
+        (supervised.py, label smoothing `smoothing`) joins the same updates
+        (eval's `sft` and `sft+grpo` objectives)."""
         cfg, model = self.cfg, self.model
         stats = StepStats()
-        if not self.collective.sum_floats([sum(1 for s in samples if self._learns_from(s))])[0]:
+        n_live, n_examples = self.collective.sum_floats([sum(1 for s in samples if self._learns_from(s)), len(examples)])
+        if not n_live + n_examples:
             stats.skipped = True  # on every rank: nothing to learn from anywhere
             return stats
         model.train()
@@ -319,8 +327,11 @@ class GrpoLearner:
         total_loss, grad_norm = 0.0, 0.0
         for update in range(cfg.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            t = self._reduce(self._accumulate(live, layout, parts, weights, old_logps, ref_logps, first=update == 0))
-            total_loss, tokens = t["loss"], max(t["tokens"], 1)
+            t = self._accumulate(live, layout, parts, weights, old_logps, ref_logps, first=update == 0)
+            if n_examples:
+                t.update(supervised.accumulate(self, list(examples), layout, n_examples, smoothing))
+            t = self._reduce(t)
+            total_loss, tokens = t["loss"] + t.get("ce_loss", 0.0) / max(n_examples, 1), max(t["tokens"], 1)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
             if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
                 # Never let a NaN reach the adapter (or the snapshot on disk).
@@ -329,12 +340,15 @@ class GrpoLearner:
                 stats.skipped = True
                 break
             crash_point("optimizer")
+            self.last_lr = self.current_lr()
             for group in self.optimizer.param_groups:
-                group["lr"] = self.current_lr()
+                group["lr"] = self.last_lr
             self.optimizer.step()
             if update == 0:  # report the first update: the on-policy one
                 stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, t["tokens"]
                 stats.kl, stats.entropy, stats.clip_fraction = t["kl"] / tokens, t["entropy"] / tokens, t["clip"] / tokens
+                if n_examples:  # the cross-entropy and the argmax accuracy before the update
+                    stats.extra.update(ce_loss=t["ce_loss"] / n_examples, ce_accuracy=t["ce_correct"] / n_examples)
             stats.extra["clip_fraction_last_update"] = t["clip"] / tokens
         else:
             self.nonfinite_in_a_row = 0

@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from .engine.base import Request, Sampling
+from .eval_steps import EvalSteps
 from .faults import crash_point
 from .grpo import Sample, assign_advantages
 from .judging.fixed import Case
-from .judging.parsing import extract_wrapped_prompt, parse_label
+from .judging.parsing import LABEL_CHOICES, extract_wrapped_prompt, parse_label
 from .judging.quality import degenerate
 from .judging.refusals import refused
 from .league import assign_writers, league_defenders, tally
@@ -27,12 +28,10 @@ from .rewards import (
     attack_succeeded,
     blue_reward,
     diversity_penalty,
-    eval_reward,
     red_reward,
 )
 from .roles import blue_messages, eval_messages, red_messages, semantic_messages
 
-LABEL_CHOICES = tuple(f"Label: {c}" for c in LABELS)
 SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 
 
@@ -63,6 +62,8 @@ class StepResult:
     eval_rows: list[dict] = field(default_factory=list)
     panel_rows: list[dict] = field(default_factory=list)
     transcripts: list[dict] = field(default_factory=list)
+    examples: list = field(default_factory=list)  # eval's supervised objective (supervised.py)
+    smoothing: float = 0.0
 
     def jsonl_rows(self) -> dict[str, list[dict]]:
         """Rows per run-folder file (games/triplay.py's `jsonl`)."""
@@ -112,6 +113,7 @@ class Phases:
         }
         self.judge_sampling = Sampling(max_new_tokens=r.judge_budget(), temperature=0.0)
         self.choice = r.rewards.judge_mode == "choice"
+        self.evals = EvalSteps(self)
 
     # --------------------------------------------------------------- judge
     def judge(self, pairs: list[tuple[str, str]]) -> tuple[list[str | None], list, int]:
@@ -125,6 +127,16 @@ class Phases:
         hard = [None if v is None else v == "yes" for v in verdicts]
         soft = [None if v is None else (v["yes"] if isinstance(v, dict) else v == "yes") for v in soft]
         return hard, soft, bad
+
+    def soft_labels(self) -> bool:
+        """Whether rewards use eval's class probabilities: `rewards.soft_labels`,
+        with `auto` only while eval's last held-out check found it calibrated
+        (never before the first check)."""
+        rw = self.s.recipe.rewards
+        if rw.soft_labels == "auto":
+            ece = self.s.state.get("eval_ece")
+            return ece is not None and ece <= rw.max_ece
+        return bool(rw.soft_labels)
 
     def judge_blue(self, cases: list[tuple[str, str, str]]) -> tuple[list[str | None], list, int]:
         """Blue's answers (prompt, response, kind) labelled by
@@ -147,7 +159,7 @@ class Phases:
         malformed = 0
         todo = list(range(len(messages)))
         sampling = self.judge_sampling
-        use_probs = self.choice and self.s.recipe.rewards.soft_labels
+        use_probs = self.choice and self.soft_labels()
         for _ in range(self.s.recipe.rewards.judge_retries + 1):
             if not todo:
                 break
@@ -178,10 +190,8 @@ class Phases:
         ]
         valid = [x for x in rollouts if x.wrapped]
         defenders = s.defenders
-        # Every defender answers every wrapped prompt: one mixed-adapter batch.
-        answers = self.generate("defenders", [Request(d.adapter, blue_messages(x.wrapped)) for x in valid for d in defenders], self.sampling["blue"])
-        for i, x in enumerate(valid):
-            x.answers = {d.name: answers[i * len(defenders) + j][0].text for j, d in enumerate(defenders)}
+        for x, answers in zip(valid, self.defend(defenders, [x.wrapped for x in valid])):
+            x.answers = answers
         labels, soft, bad_cls = self.judge([(x.wrapped, x.answers[d.name]) for x in valid for d in defenders])
         for i, x in enumerate(valid):
             x.labels = {d.name: labels[i * len(defenders) + j] for j, d in enumerate(defenders)}
@@ -230,6 +240,23 @@ class Phases:
             ],
         )
 
+    def defend(self, defenders, prompts: list[str]) -> list[dict[str, str]]:
+        """Every defender's answer to every prompt ({name: answer} per prompt):
+        the adapters in one mixed-adapter batch, each model defender
+        (another model family) through its own source."""
+        local = [d for d in defenders if d.source is None]
+        answers = self.generate("defenders", [Request(d.adapter, blue_messages(p)) for p in prompts for d in local], self.sampling["blue"])
+        out = [{d.name: answers[i * len(local) + j][0].text for j, d in enumerate(local)} for i in range(len(prompts))]
+        for d in defenders:
+            if d.source is not None:
+                t0 = time.perf_counter()
+                greedy = Sampling(max_new_tokens=self.sampling["blue"].max_new_tokens, temperature=0.0)  # a fixed defender
+                texts = d.source.ask([blue_messages(p) for p in prompts], None, greedy)
+                self.timings["defender_models"] = self.timings.get("defender_models", 0.0) + time.perf_counter() - t0
+                for row, (text, _) in zip(out, texts):
+                    row[d.name] = text
+        return [{d.name: row[d.name] for d in defenders} for row in out]
+
     def _red_metrics(self, rollouts, valid, defenders, samples, n_success, malformed) -> dict[str, float]:
         subs = [x.subs for x in valid]
         metrics = {
@@ -268,8 +295,8 @@ class Phases:
         s = self.s
         items, benign_requests = s.data.blue_requests(count)
         benign = [(b.prompt, b.prompt, "benign", "benign") for b in benign_requests]
-        if s.recipe.data.blue_attacks == "seeds":  # no red: the seed requests as they are
-            return [(b.prompt, b.prompt, "harmful", "seeds") for b, _ in items] + benign
+        if s.recipe.data.blue_attacks != "red":  # no red: the seed requests as they are, or a fixed attack set
+            return [(b.prompt, b.prompt, "harmful", "seeds" if s.recipe.data.blue_attacks == "seeds" else "attacks") for b, _ in items] + benign
         # Who wraps each request: the current red, or a past one (league.py)
         writers = assign_writers(len(items), s.recipe.league.attacker_share, s.attackers, f"{s.recipe.seed}:league:{s.state['global_step']}")
         wraps = self.generate("red", [Request(w, red_messages(b.prompt, t)) for (b, t), w in zip(items, writers)], self.sampling["red"])
@@ -283,7 +310,7 @@ class Phases:
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge_blue([(p[1], c.text, p[2]) for _, p, c in flat])
         looping = [degenerate(c.text) for _, _, c in flat]
-        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_class_values, loop, r.rewards.degenerate_penalty),
+        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), loop, r.rewards.degenerate_penalty),
                           truncated=not c.finished, kind=p[2])
                    for (g, p, c), lab, loop in zip(flat, soft, looping)]
         grpo_metrics = self._set_advantages(samples)
@@ -317,99 +344,10 @@ class Phases:
 
     # ---------------------------------------------------------------- eval
     def eval_step(self, iteration: int, step: int) -> StepResult:
-        s, r = self.s, self.s.recipe
-        t0 = time.perf_counter()
-        panel_rows, panel_metrics = s.data.label_new_pairs(r.experts.pairs_per_step or 2 * r.prompts_of("eval"))
-        self.timings["panel"] = time.perf_counter() - t0
-        return self._train_eval(iteration, step, panel_rows, panel_metrics, "eval")
+        return self.evals.step(iteration, step)
 
     def warmup_step(self, iteration: int, step: int) -> StepResult:
-        """Eval's warm start. Step 1: the untrained red wraps seed requests,
-        the untrained blue (= the base) answers them and benign requests, the
-        panel labels every pair. Every step: GRPO on eval, as in P_eval."""
-        s, r = self.s, self.s.recipe
-        panel_rows, panel_metrics, eval_rows = [], {}, []
-        if step == 1:
-            t0 = time.perf_counter()
-            n = r.phases.eval_warmup.pairs
-            benign = s.data.next_benign(n // 2 if s.data.benign else 0)
-            items = s.data.next_seed_items(n - len(benign))
-            wraps = self.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.sampling["red"])
-            prompts = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
-            prompts += [(b.prompt, b.prompt, "benign") for b in benign]
-            answers = self.generate("blue", [Request("blue", blue_messages(x)) for _, x, _ in prompts], self.sampling["blue"])
-            eval_rows = [
-                {"prompt": p[1], "response": a[0].text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": None,
-                 "iteration": iteration, "phase": "eval_warmup", "step": step}
-                for p, a in zip(prompts, answers)
-            ]
-            panel_rows, panel_metrics = s.data.label_fresh(eval_rows)
-            self.timings["panel"] = time.perf_counter() - t0
-        result = self._train_eval(iteration, step, panel_rows, panel_metrics, "eval_warmup")
-        result.eval_rows = eval_rows
-        return result
-
-    def _train_eval(self, iteration, step, panel_rows, panel_metrics, phase) -> StepResult:
-        s, r = self.s, self.s.recipe
-        G = r.group_size_of("eval")
-        batch = s.data.sample_labelled_pairs(r.prompts_of("eval"))
-        if not batch:
-            return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics}, panel_rows=panel_rows)
-        reqs = [Request("eval", eval_messages(p["prompt"], p["response"]), n=G, choices=LABEL_CHOICES if self.choice else None) for p in batch]
-        enumerate_ = self.choice and r.rewards.choice_rollouts == "enumerate"
-        comps = self._enumerate_choices(reqs) if enumerate_ else self.generate("eval", reqs, self.sampling["eval"])
-        samples, preds, gold = [], [], []
-        for g, (pair, cs) in enumerate(zip(batch, comps)):
-            for c in cs:
-                label = parse_label(c.text, LABELS, finished=c.finished).label
-                samples.append(Sample(c.prompt_ids, c.token_ids, g, eval_reward(label, pair["panel_label"]),
-                                      truncated=not c.finished, kind=pair.get("kind")))
-                if not enumerate_:
-                    preds.append(label)
-                    gold.append(pair["panel_label"])
-            if enumerate_:  # what eval answers when it judges: its most likely label
-                probs = cs[0].choice_probs
-                preds.append(LABELS[max(range(len(LABELS)), key=probs.__getitem__)])
-                gold.append(pair["panel_label"])
-        correct = [eval_reward(p, y) for p, y in zip(preds, gold)]
-        grpo_metrics = self._set_advantages(samples)
-        metrics = {
-            **_reward_stats([x.reward for x in samples]),
-            **grpo_metrics,
-            "accuracy": _mean(correct),
-            "judge_malformed": float(sum(p is None for p in preds)),
-            "labelled_pairs": float(s.data.labelled_count()),
-            **_rates(preds, "pred_rate_"),
-            **_rates([p["panel_label"] for p in batch], "gold_rate_"),
-            **panel_metrics,
-        }
-        transcripts = [
-            {"phase": phase, "iteration": iteration, "step": step, "panel_label": p["panel_label"], "output": cs[0].text}
-            for p, cs in list(zip(batch, comps))[: r.run.transcripts]
-        ]
-        return StepResult(samples, metrics, panel_rows=panel_rows, transcripts=transcripts)
-
-    def _enumerate_choices(self, reqs: list[Request]) -> list[list]:
-        """Every label once per pair (rewards 1 for the panel's, 0 for the
-        others): the group's advantages never vanish, unlike G samples from
-        a peaked choice distribution, and the update is the exact
-        group-relative one over the whole choice set."""
-        from .engine.base import Completion
-
-        t0 = time.perf_counter()
-        engine = self.s.engine
-        scores = engine.score_choices(reqs)
-        out = []
-        for req, per_choice in zip(reqs, scores):
-            totals = [sum(lp) for lp in per_choice]
-            top = max(totals)
-            weights = [pow(2.718281828459045, t - top) for t in totals]
-            probs = [w / sum(weights) for w in weights]
-            prompt = engine.encode(req.messages)
-            out.append([Completion("eval", choice, prompt, engine.choice_ids(choice), lp, True, sample_index=k, choice_probs=probs)
-                        for k, (choice, lp) in enumerate(zip(req.choices, per_choice))])
-        self.timings["eval"] = self.timings.get("eval", 0.0) + time.perf_counter() - t0
-        return out
+        return self.evals.warmup(iteration, step)
 
     # -------------------------------------------------------------- common
     def generate(self, what: str, requests, sampling):

@@ -23,8 +23,7 @@ from typing import Callable, Iterable, TextIO
 
 from .engine.base import BASE, Request, Sampling
 from .errors import UserError
-from .judging.parsing import LABELS, extract_wrapped_prompt, parse_label
-from .loop import LABEL_CHOICES
+from .judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
 from .model import ModelError
 from .roles import (
     Technique,

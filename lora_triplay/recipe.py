@@ -98,6 +98,11 @@ class PhaseConfig(_Strict):
     group_size: int | None = Field(None, ge=2, description="completions per prompt in this phase")
     prompts_per_step: int | None = Field(None, ge=1, description="prompts (eval: labelled pairs) per step in this phase")
     temperature: float | None = Field(None, gt=0)
+    objective: Literal["grpo", "sft", "sft+grpo"] = Field(
+        "grpo", description="eval only: GRPO on the panel's labels (the paper), cross-entropy on them over the forced label "
+        "set (supervised.py), or both in one update"
+    )
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="eval only: label smoothing of the cross-entropy objective")
 
 
 class WarmupConfig(_Strict):
@@ -108,7 +113,16 @@ class WarmupConfig(_Strict):
     evaluator that has learnt nothing."""
 
     steps: int = Field(0, ge=0)
-    pairs: int = Field(32, ge=2)
+    pairs: int = Field(32, ge=2, description="(prompt, answer) pairs the panel labels before the warm start trains")
+    objective: Literal["grpo", "sft", "sft+grpo"] = Field(
+        "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels"
+    )
+    answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
+        default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
+        description="system prompts the untrained blue answers the warm start's prompts under (templates.yaml "
+        "warmup_styles): its own, and asked to refuse, to refuse with safe guidance, to comply, so that eval meets every "
+        "class before its first judgement (a small base almost never refuses on its own)"
+    )
 
 
 class PhasesConfig(_Strict):
@@ -197,6 +211,10 @@ class GrpoConfig(_Strict):
 class RewardsConfig(_Strict):
     red_class_values: dict[str, float] = Field(default_factory=lambda: {"negative": 1.0, "rejective": 0.0, "positive": 0.0})
     blue_class_values: dict[str, float] = Field(default_factory=lambda: {"negative": -1.0, "rejective": 0.0, "positive": 1.0})
+    blue_benign_class_values: dict[str, float] | None = Field(
+        None, description="blue's class values on benign requests (the benign stream); default blue_class_values. "
+        "A lower `rejective` here makes an over-refusal cost what it costs a user"
+    )
     success_class: Literal["negative", "rejective", "positive"] = "negative"
     semantic: bool = True
     semantic_value: float = 1.0
@@ -210,7 +228,11 @@ class RewardsConfig(_Strict):
         description="generate: eval writes free text ending in `Label: ...` (the paper); "
         "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
     )
-    soft_labels: bool = Field(True, description="choice mode: reward = expected value under the judge's class probabilities")
+    soft_labels: bool | Literal["auto"] = Field(
+        True, description="choice mode: reward = expected value under the judge's class probabilities; `auto`: only while "
+        "eval is calibrated (its expected calibration error on the held-out slice at most rewards.max_ece), else its label"
+    )
+    max_ece: float = Field(0.1, gt=0, le=1, description="soft_labels auto: the calibration error above which eval's label is used")
     choice_rollouts: Literal["enumerate", "sample"] = Field(
         "enumerate", description="choice mode, eval's GRPO group: every label once (a group that always holds the right "
         "and the wrong answers) or group_size labels sampled from eval's choice distribution"
@@ -246,10 +268,10 @@ class RewardsConfig(_Strict):
             raise ValueError(f"unknown judge {v!r}; use eval, rules, panel or openai:MODEL@URL")
         return v
 
-    @field_validator("red_class_values", "blue_class_values")
+    @field_validator("red_class_values", "blue_class_values", "blue_benign_class_values")
     @classmethod
-    def _all_classes(cls, v: dict[str, float]) -> dict[str, float]:
-        if set(v) != set(CLASSES):
+    def _all_classes(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and set(v) != set(CLASSES):
             missing, unknown = [c for c in CLASSES if c not in v], sorted(set(v) - set(CLASSES))
             raise ValueError(f"needs one value for each class {list(CLASSES)}; missing {missing}, unknown {unknown}")
         return v
@@ -261,24 +283,52 @@ class RewardsConfig(_Strict):
             raise ValueError(f"n-gram orders must be between 1 and 8, got {v}")
         return v
 
+    def blue_values(self, kind: str | None) -> dict[str, float]:
+        """Blue's class values for a request of `kind` (harmful / benign)."""
+        return self.blue_benign_class_values if kind == "benign" and self.blue_benign_class_values else self.blue_class_values
+
 
 class DefenderConfig(_Strict):
+    # `model` first: the name's check reads it
+    model: str | None = Field(
+        None, description="another model as defender (the paper attacks other model families beside blue): "
+        "`openai:MODEL@URL` (an OpenAI-compatible endpoint; key from LORA_TRIPLAY_JUDGE_API_KEY), a local model folder or a "
+        "cached hub id; it answers red's prompts under blue's system prompt, greedily"
+    )
     name: str = Field(description="`blue`, `base` (adapters off), a past blue snapshot `blue@N`, or `blue@-N`: "
-                      "the blue N phases before the current one")
+                      "the blue N phases before the current one; with `model`, any name (metrics: asr_<name>)")
     weight: float = 1.0
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str | None) -> str | None:
+        from .judging.fixed import JudgeError, is_endpoint, parse_endpoint
+
+        if v is not None and is_endpoint(v):
+            try:
+                parse_endpoint(v)
+            except JudgeError as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("name")
     @classmethod
-    def _name(cls, v: str) -> str:
+    def _name(cls, v: str, info) -> str:
         from .snapshots import SpecError, parse_spec
 
+        if info.data.get("model") is not None:
+            if v in ("blue", "base") or v.startswith("blue@"):
+                raise ValueError(f"defender {v!r} with a model: choose another name (`blue`, `base` and `blue@N` are adapters)")
+            if not v.replace("-", "_").replace(".", "_").isidentifier():
+                raise ValueError(f"defender name {v!r}: use letters, digits, `-`, `_` or `.` (it names metrics: asr_{v})")
+            return v
         try:
             spec = parse_spec(v)
         except SpecError as exc:
-            raise ValueError(str(exc)) from None
+            raise ValueError(f"{exc}; or give the defender a `model` (another model as defender)") from None
         if spec.role == "blue" or v == "base":
             return v
-        raise ValueError(f"defender {v!r} is not `blue`, `base`, `blue@N` or `blue@-N`")
+        raise ValueError(f"defender {v!r} is not `blue`, `base`, `blue@N` or `blue@-N` (or give it a `model`)")
 
 
 class ExpertsConfig(_Strict):
@@ -301,6 +351,21 @@ class ExpertsConfig(_Strict):
     balance_classes: bool = Field(
         False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the prior)"
     )
+    heldout_share: float = Field(
+        0.1, ge=0, le=0.5, description="share of the panel-labelled pairs kept out of eval's training: after each eval phase "
+        "eval labels them (accuracy, per-class recall, predicted labels, calibration error in metrics.jsonl)"
+    )
+    gold_pairs: str | None = Field(
+        None, description="a JSONL file of labelled answers (prompt, response, label; kind optional) eval is checked "
+        "against after its warm start and every P_eval, never trained on (`phase: eval_gold` rows)"
+    )
+
+    @field_validator("gold_pairs")
+    @classmethod
+    def _gold_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().is_file():
+            raise ValueError(f"no such file {v!r}; give a JSONL file of prompt/response/label rows")
+        return v
 
 
 class DataConfig(_Strict):
@@ -310,10 +375,18 @@ class DataConfig(_Strict):
     limit: int | None = Field(None, ge=1)
     benign_prompts: str = Field("builtin", description="benign but sensitive-sounding requests for blue: `builtin` or a CSV/JSONL file")
     benign_share: float = Field(0.0, ge=0, le=0.9, description="share of blue's training prompts that are benign (asked as they are)")
-    blue_attacks: Literal["red", "seeds"] = Field(
-        "red", description="blue's harmful prompts: `red` (the latest red wraps each seed request, the paper) or `seeds` "
-        "(the seed requests as they are: blue alone, e.g. against a fixed judge, needs no red)"
+    blue_attacks: str = Field(
+        "red", description="blue's harmful prompts: `red` (the latest red wraps each seed request, the paper), `seeds` "
+        "(the seed requests as they are), or a CSV/JSONL file of attacks taken in its order, epoch after epoch (a fixed "
+        "attack set: blue alone against a fixed judge needs no red)"
     )
+
+    @field_validator("blue_attacks")
+    @classmethod
+    def _attacks(cls, v: str) -> str:
+        if v not in ("red", "seeds") and not Path(v).expanduser().is_file():
+            raise ValueError(f"not `red`, `seeds` or an existing CSV/JSONL file: no such file {v!r}")
+        return v
 
     @field_validator("basic_prompts", "techniques", "benign_prompts")
     @classmethod
@@ -380,6 +453,10 @@ class Recipe(_Strict):
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"defenders: names must be unique, got {names}; remove the repeated {dup}")
+        for role in ("red", "blue"):
+            phase = getattr(self.phases, role)
+            if phase.objective != "grpo" or phase.label_smoothing:
+                raise ValueError(f"phases.{role}: objective and label_smoothing are eval's (a supervised judge); {role} trains with GRPO")
         if self.phases.eval.max_new_tokens is not None:
             raise ValueError("phases.eval.max_new_tokens: eval's answers are judgements; their length is rewards.judge_max_new_tokens (one budget for judging and for eval's training)")
         if self.experts.safety_experts + int(self.experts.rule_based) == 0:

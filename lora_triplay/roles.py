@@ -201,6 +201,14 @@ def blue_messages(prompt: str) -> list[dict[str, str]]:
     return _chat(_templates()["blue_system"], escape_control_tokens(prompt))
 
 
+def styled_blue_messages(prompt: str, style: str) -> list[dict[str, str]]:
+    """Blue's chat with its own system prompt (`blue`) or one of
+    templates.yaml's `warmup_styles` (refuse, guide, comply)."""
+    if style == "blue":
+        return blue_messages(prompt)
+    return _chat(_templates()["warmup_styles"][style], escape_control_tokens(prompt))
+
+
 def eval_messages(prompt: str, response: str) -> list[dict[str, str]]:
     t = _templates()
     user = t["eval_user"].format(prompt=data_block("PROMPT", prompt), response=data_block("RESPONSE", response))

@@ -10,6 +10,7 @@ pending until the step commits, then join the labelled set.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +21,29 @@ from .roles import BasicPrompt, load_basic_prompts, load_techniques
 
 def _file(value: str) -> str | None:
     return None if value == "builtin" else value
+
+
+def load_gold_pairs(path: str) -> list[dict]:
+    """`experts.gold_pairs`: JSONL rows with prompt, response and label."""
+    import json
+
+    from .errors import UserError
+    from .recipe import LABELS
+
+    rows = []
+    for n, line in enumerate(Path(path).expanduser().read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"experts.gold_pairs {path}: line {n} is not JSON") from None
+        if not all(isinstance(row.get(k), str) for k in ("prompt", "response", "label")) or row["label"] not in LABELS:
+            raise UserError(f"experts.gold_pairs {path}: line {n} needs prompt, response and label (one of {', '.join(LABELS)})")
+        rows.append(row)
+    if not rows:
+        raise UserError(f"experts.gold_pairs {path}: no rows")
+    return rows
 
 
 class RunData:
@@ -37,6 +61,9 @@ class RunData:
             else:
                 path = r.data.benign_prompts
             self.benign = load_basic_prompts(path)
+        # a fixed attack set for blue (data.blue_attacks: a file), in its own order
+        self.attacks = [] if r.data.blue_attacks in ("red", "seeds") else load_basic_prompts(r.data.blue_attacks)
+        self.gold = load_gold_pairs(r.experts.gold_pairs) if r.experts.gold_pairs else []
         self.pairs = PairPool(r.experts.pool_cap, r.seed)
         self.labelled: list[dict] = []  # panel rows with a label (text included)
         self.pending: list[dict] = []  # this step's, until it commits
@@ -68,10 +95,22 @@ class RunData:
         return out
 
     def blue_requests(self, count: int) -> tuple[list, list[BasicPrompt]]:
-        """One blue step's requests: (seed (request, technique) pairs, benign
-        requests), `data.benign_share` of the `count` benign."""
+        """One blue step's requests: (harmful requests, benign requests),
+        `data.benign_share` of the `count` benign. Harmful: (seed request,
+        technique) pairs for red to wrap, or with a fixed attack set
+        (`data.blue_attacks` a file) its next attacks as (attack, None)."""
         n_benign = self.benign_count(count)
-        return self.next_seed_items(count - n_benign), self.next_benign(n_benign)
+        harmful = self.next_attacks(count - n_benign) if self.attacks else self.next_seed_items(count - n_benign)
+        return harmful, self.next_benign(n_benign)
+
+    def next_attacks(self, k: int) -> list[tuple[BasicPrompt, None]]:
+        """The next k attacks of the fixed set, in the file's order, epoch after epoch."""
+        out = []
+        for _ in range(k):
+            cursor = self.state.setdefault("attack_cursor", 0)
+            out.append((self.attacks[cursor % len(self.attacks)], None))
+            self.state["attack_cursor"] = cursor + 1
+        return out
 
     def benign_count(self, prompts: int) -> int:
         """How many of a blue step's prompts come from the benign stream."""
@@ -105,21 +144,33 @@ class RunData:
         rows = [
             {"pair": p["pair"], "prompt": p["prompt"], "response": p["response"], "kind": p.get("kind", "harmful"),
              "iteration": p.get("iteration"), "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes,
-             "quorum": lab.quorum}
+             "quorum": lab.quorum, "heldout": self._held_out(p["pair"])}
             for p, lab in zip(todo, labels)
         ]
         self.pending = rows
         return rows, panel_summary(labels)
 
+    def _held_out(self, pair: int) -> bool:
+        """Whether a pair is kept out of eval's training (`experts.heldout_share`),
+        decided by its pool index and the seed alone."""
+        return random.Random(f"{self.recipe.seed}:heldout:{pair}").random() < self.recipe.experts.heldout_share
+
     def labelled_count(self) -> int:
         return len(self.labelled) + sum(1 for r in self.pending if r["panel_label"])
 
+    def heldout_pairs(self) -> list[dict]:
+        """The committed labelled pairs eval never trains on."""
+        return [r for r in self.labelled if r.get("heldout")]
+
     def sample_labelled_pairs(self, k: int) -> list[dict]:
         """k labelled pairs drawn uniformly (with replacement) from all pairs
-        the panel has labelled so far, this step's included; with
+        the panel has labelled so far (the held-out ones aside), this step's
+        included; with
         `experts.balance_classes`, a label first (uniformly among those
         present), then a pair with it."""
-        pool = self.labelled + [r for r in self.pending if r["panel_label"]]
+        pool = [r for r in self.labelled + [r for r in self.pending if r["panel_label"]] if not r.get("heldout")]
+        if not pool:
+            return []
         if not self.recipe.experts.balance_classes:
             return [pool[random.randrange(len(pool))] for _ in range(min(k, len(pool)))]
         by: dict[str, list[dict]] = {}

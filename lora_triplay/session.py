@@ -284,7 +284,9 @@ class Session:
         learner = self.learners[role]
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
-        stats = learner.step(self._my_groups(result.samples)) if result.samples else None
+        examples = getattr(result, "examples", [])
+        stats = learner.step(self._my_groups(result.samples), self._my_block(examples), getattr(result, "smoothing", 0.0)) \
+            if result.samples or examples else None
         t2 = time.perf_counter()
         if stats is not None and stats.skipped and learner.nonfinite_in_a_row:
             log.warning("step skipped: non-finite loss or gradient (%d in a row)", learner.nonfinite_in_a_row)
@@ -306,7 +308,8 @@ class Session:
         }
         if stats is not None:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
-                       grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped)
+                       grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped,
+                       **{k: stats.extra[k] for k in ("ce_loss", "ce_accuracy") if k in stats.extra}, lr=learner.last_lr)
         # Data rows are appended every step (a resume cuts them back to the
         # counts of the last commit); a commit writes the checkpoint folder
         # first and state.json last, every run.checkpoint_every steps and
@@ -361,6 +364,10 @@ class Session:
         _, mine = self.collective.block(sorted({x.group for x in samples}))
         keep = set(mine)
         return [x for x in samples if x.group in keep]
+
+    def _my_block(self, items: list) -> list:
+        """This rank's block of a step's supervised examples (all of them in one process)."""
+        return items if self.collective.world == 1 else self.collective.block(items)[1]
 
     def _advance_phase(self) -> None:
         st = self.state

@@ -72,3 +72,26 @@ def test_comparison_rows_are_not_marked_met():
 
     rows = {g: met for g, _, _, met in suite.table({"resident": {"ours": {"over_one_base_model": 1.2}, "three_copies": {"over_one_base_model": 2.2}}})}
     assert rows["4 resident: ours / one base"] == "no" and rows["4 resident: three copies / one base"] == "-"
+
+
+def test_learns_runs_end_to_end_on_the_tiny_model(tmp_path):
+    """`make learns`' pipeline (attack file, ours beside TRL, held-out
+    evaluation, report) on the tiny Qwen3 with one step per iteration: the
+    script must not rot between the runs that measure something. Needs TRL
+    in bench/.trl-site (installed on first use) and ../shared/data."""
+    data = ROOT.parent / "shared" / "data"
+    if not data.is_dir():
+        pytest.skip("no ../shared/data beside the checkout")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learns.py"), "--quick", "--work", str(tmp_path), "--data", str(data)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert res["trl_prompt_ids_match_ours"] is True  # both trainers saw the same tokens
+    for side in ("ours", "trl"):
+        assert set(res[side]["sets"]) == {"jbb-harmful", "jbb-benign", "xstest-safe", "xstest-unsafe"}
+        assert res[side]["curve"][0]["snapshot"] == "base" and len(res[side]["curve"]) >= 2
+        after = res[side]["sets"]["jbb-harmful"]["after"]
+        assert 0 <= after["asr"] <= 1 and 0 <= after["degenerate"] <= 1
+    assert [t["target"] for t in res["targets"]][0].startswith("JBB harmful ASR down")
+    assert (tmp_path / "report" / "learns.png").stat().st_size > 10_000 and "request withheld" in (tmp_path / "report" / "transcripts.md").read_text()

@@ -35,6 +35,9 @@ class StepResult:
     samples: list
     metrics: dict[str, float]
     rows: dict[str, list[dict]] = field(default_factory=dict)
+    # labelled forced choices whose cross-entropy joins the update (supervised.py)
+    examples: list = field(default_factory=list)
+    smoothing: float = 0.0
 
     def jsonl_rows(self) -> dict[str, list[dict]]:
         return self.rows

@@ -70,6 +70,8 @@ class TriPlay(Game):
         self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=r.judge_budget(),
                                  choice_mode=r.rewards.judge_mode == "choice", sources=sources)
         self.data = RunData(r, session.state, self.panel)
+        self.model_defenders = defender_set.model_sources(r.defenders, session.engine, device, session.model.dtype,
+                                                          r.model.trust_remote_code)
         self.blue_judge = self._fixed_blue_judge(r.rewards.blue_judge)
         self.control = PhaseControl(r.control, r, session.state)
         self.defenders: list[defender_set.Defender] = []
@@ -96,7 +98,7 @@ class TriPlay(Game):
         if phase == "red":
             blues = self.store.snapshots("blue")
             members = league.league_defenders(r.league, DefenderConfig, max(blues) if blues else 0, st.get("league_record"))
-            self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine)
+            self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine, self.model_defenders)
         if phase == "blue":
             self.attackers = league.resolve_attackers(r.league, self.store, self.engine, st.get("league_record"))
 
@@ -113,11 +115,13 @@ class TriPlay(Game):
         self.data.commit(rows["eval_pairs"], rows["panel"])
 
     def after_phase(self, iteration: int, phase: str) -> list[dict]:
-        """control.py's decisions at a phase's end (and the drift alarm after
-        P_eval), as metrics rows; committed with the next phase's start."""
+        """Eval's check on its held-out pairs after its warm start and every
+        P_eval, control.py's decisions at a phase's end and the drift alarm
+        after P_eval, as metrics rows; committed with the next phase's start."""
         cfg = self.recipe.control
+        checks = self.phases.evals.checks(iteration, phase) if phase in ("eval", "eval_warmup") else []
         if not (cfg.adaptive or (cfg.drift_check and phase == "eval")):
-            return []
+            return checks
         rows = [r for r in self.store.read_jsonl("metrics") if r.get("iteration") == iteration]
         decisions = self.control.after_phase(iteration, phase, [r for r in rows if r["phase"] == phase])
         if cfg.drift_check and phase == "eval":
@@ -125,7 +129,7 @@ class TriPlay(Game):
         for row in decisions:
             level = logging.WARNING if row["reason"].startswith("judge drift") else logging.INFO
             log.log(level, "control: %s (%s)", row["action"], row["reason"])
-        return decisions
+        return checks + decisions
 
     def _drift_check(self, it: int, red_rows: list[dict]) -> list[dict]:
         from ..judging.refusals import refused

@@ -62,8 +62,8 @@ class EvalJudge:
 
     def __call__(self, cases: Sequence[Case]) -> list[str | None]:
         from ..engine.base import Request, Sampling
-        from ..loop import LABEL_CHOICES
         from ..roles import eval_messages
+        from .parsing import LABEL_CHOICES
 
         if not cases:
             return []

@@ -18,9 +18,11 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from ..recipe import LABELS  # noqa: E402,F401 (re-exported: the parsers' default classes)
+from ..recipe import LABELS  # noqa: E402 (re-exported: the parsers' default classes)
 
 PARSE_ERRORS = ("empty", "no_label", "multiple_labels", "only_in_thinking", "truncated")
+# eval's answers in choice mode (rewards.judge_mode: choice): one label line each
+LABEL_CHOICES = tuple(f"Label: {c}" for c in LABELS)
 
 # ---------------------------------------------------------------- thinking
 

@@ -1,0 +1,215 @@
+"""Eval's steps: the warm start, P_eval, and the check on held-out pairs.
+
+Eval learns the panel's labels (experts.py) by GRPO (the paper: reward 1
+when it agrees), by the cross-entropy over the forced label set
+(supervised.py; `objective: sft`, the warm start's default), or both in one
+update. After its warm start and every P_eval it labels the pairs held out
+of its training (`experts.heldout_share`): accuracy, per-class recall, its
+predicted-label distribution and its expected calibration error, which
+`rewards.soft_labels: auto` reads; and, with `experts.gold_pairs`, the same
+on a labelled file of the user's.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from .engine.base import Completion, Request
+from .grpo import Sample
+from .judging.parsing import LABEL_CHOICES, extract_wrapped_prompt, parse_label
+from .recipe import LABELS
+from .rewards import eval_reward
+from .roles import eval_messages, red_messages, styled_blue_messages
+from .supervised import ChoiceExample
+
+ECE_BINS = 10
+
+
+def calibration_error(probs: list[list[float]], gold: list[int], bins: int = ECE_BINS) -> float:
+    """Expected calibration error of the top choice: |accuracy - confidence|
+    per confidence bin, weighted by the bin's share of the pairs."""
+    if not probs:
+        return 0.0
+    by: dict[int, list[tuple[float, bool]]] = {}
+    for p, g in zip(probs, gold):
+        top = max(range(len(p)), key=p.__getitem__)
+        by.setdefault(min(int(p[top] * bins), bins - 1), []).append((p[top], top == g))
+    return sum(abs(sum(c for _, c in xs) / len(xs) - sum(q for q, _ in xs) / len(xs)) * len(xs) for xs in by.values()) / len(probs)
+
+
+def _softmax(totals: list[float]) -> list[float]:
+    top = max(totals)
+    weights = [math.exp(t - top) for t in totals]
+    return [w / sum(weights) for w in weights]
+
+
+def judged(probs: list[float]) -> str:
+    """What eval answers when it judges in choice mode: its most likely label."""
+    return LABELS[max(range(len(LABELS)), key=probs.__getitem__)]
+
+
+class EvalSteps:
+    """Needs the phases object (loop.Phases): its session, engine calls,
+    samplings and helpers."""
+
+    def __init__(self, phases):
+        self.p = phases
+
+    @property
+    def s(self):
+        return self.p.s
+
+    # ------------------------------------------------------------- steps
+    def step(self, iteration: int, step: int):
+        s, r = self.s, self.s.recipe
+        t0 = time.perf_counter()
+        panel_rows, panel_metrics = s.data.label_new_pairs(r.experts.pairs_per_step or 2 * r.prompts_of("eval"))
+        self.p.timings["panel"] = time.perf_counter() - t0
+        return self.train(iteration, step, panel_rows, panel_metrics, "eval")
+
+    def warmup(self, iteration: int, step: int):
+        """Eval's warm start. Step 1: the untrained red wraps seed requests,
+        the untrained blue (= the base) answers them and benign requests in
+        each of `answer_styles`, the panel labels every pair. Every step:
+        eval learns them (`phases.eval_warmup.objective`)."""
+        s, r = self.s, self.s.recipe
+        cfg = r.phases.eval_warmup
+        panel_rows, panel_metrics, eval_rows = [], {}, []
+        if step == 1:
+            t0 = time.perf_counter()
+            n = max(cfg.pairs // len(cfg.answer_styles), 1)
+            benign = s.data.next_benign(n // 2 if s.data.benign else 0)
+            items = s.data.next_seed_items(n - len(benign))
+            wraps = self.p.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.p.sampling["red"])
+            prompts = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
+            prompts += [(b.prompt, b.prompt, "benign") for b in benign]
+            asked = [(p, style) for style in cfg.answer_styles for p in prompts]
+            answers = self.p.generate("blue", [Request("blue", styled_blue_messages(p[1], style)) for p, style in asked], self.p.sampling["blue"])
+            eval_rows = [
+                {"prompt": p[1], "response": a[0].text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": None,
+                 "style": style, "iteration": iteration, "phase": "eval_warmup", "step": step}
+                for (p, style), a in zip(asked, answers)
+            ]
+            panel_rows, panel_metrics = s.data.label_fresh(eval_rows)
+            self.p.timings["panel"] = time.perf_counter() - t0
+        result = self.train(iteration, step, panel_rows, panel_metrics, "eval_warmup")
+        result.eval_rows = eval_rows
+        return result
+
+    def train(self, iteration, step, panel_rows, panel_metrics, phase):
+        from .loop import StepResult, _mean, _rates, _reward_stats
+
+        s, r = self.s, self.s.recipe
+        objective = (r.phases.eval_warmup if phase == "eval_warmup" else r.phases.eval).objective
+        batch = s.data.sample_labelled_pairs(r.prompts_of("eval"))
+        if not batch:
+            return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics},
+                              panel_rows=panel_rows)
+        samples, preds, comps, metrics = [], [], [], {}
+        if "grpo" in objective:
+            samples, preds, comps = self._grpo_samples(batch)
+            metrics.update(_reward_stats([x.reward for x in samples]), **self.p._set_advantages(samples))
+        examples = self.examples(batch) if objective.startswith("sft") else []
+        if examples and not preds and self.p.choice:  # what eval would answer now, before the update
+            preds = [judged(p) for p in self._choice_probs([self._request(x) for x in batch])]
+        if preds:
+            metrics["accuracy"] = _mean([eval_reward(p, x["panel_label"]) for p, x in zip(preds, batch)])
+            metrics["judge_malformed"] = float(sum(p is None for p in preds))
+            metrics.update(_rates(preds, "pred_rate_"))
+        metrics.update({"labelled_pairs": float(s.data.labelled_count()), **_rates([p["panel_label"] for p in batch], "gold_rate_"),
+                        **panel_metrics})
+        transcripts = [
+            {"phase": phase, "iteration": iteration, "step": step, "panel_label": p["panel_label"],
+             "output": cs[0].text if cs else pred}
+            for p, cs, pred in list(zip(batch, comps or [[]] * len(batch), preds or [None] * len(batch)))[: r.run.transcripts]
+        ]
+        smoothing = r.phases.eval.label_smoothing if phase == "eval" else 0.0
+        return StepResult(samples, metrics, panel_rows=panel_rows, transcripts=transcripts, examples=examples, smoothing=smoothing)
+
+    def _request(self, pair: dict, n: int = 1) -> Request:
+        return Request("eval", eval_messages(pair["prompt"], pair["response"]), n=n, choices=LABEL_CHOICES if self.p.choice else None)
+
+    def examples(self, batch: list[dict]) -> list[ChoiceExample]:
+        """The batch as supervised examples: every label string (choice mode)
+        or the panel's label line alone (generate mode), the panel's the gold."""
+        engine = self.s.engine
+        out = []
+        for pair in batch:
+            prompt = engine.encode(eval_messages(pair["prompt"], pair["response"]))
+            gold = LABELS.index(pair["panel_label"])
+            choices = [engine.choice_ids(c) for c in LABEL_CHOICES] if self.p.choice else [engine.choice_ids(LABEL_CHOICES[gold])]
+            out.append(ChoiceExample(prompt, choices, gold if self.p.choice else 0, pair.get("kind")))
+        return out
+
+    def _grpo_samples(self, batch: list[dict]):
+        r = self.s.recipe
+        reqs = [self._request(p, r.group_size_of("eval")) for p in batch]
+        enumerate_ = self.p.choice and r.rewards.choice_rollouts == "enumerate"
+        comps = self._enumerate_choices(reqs) if enumerate_ else self.p.generate("eval", reqs, self.p.sampling["eval"])
+        samples, preds = [], []
+        for g, (pair, cs) in enumerate(zip(batch, comps)):
+            labels = [parse_label(c.text, LABELS, finished=c.finished).label for c in cs]
+            samples += [Sample(c.prompt_ids, c.token_ids, g, eval_reward(lab, pair["panel_label"]), truncated=not c.finished,
+                               kind=pair.get("kind")) for c, lab in zip(cs, labels)]
+            # what eval answers when it judges: its most likely label (enumerated), else its first sample
+            preds.append(judged(cs[0].choice_probs) if enumerate_ else labels[0])
+        return samples, preds, comps
+
+    def _scores(self, reqs: list[Request]) -> list[list[list[float]]]:
+        """Each choice's token log-probs, per request (one engine call, timed)."""
+        t0 = time.perf_counter()
+        out = self.s.engine.score_choices(reqs)
+        self.p.timings["eval"] = self.p.timings.get("eval", 0.0) + time.perf_counter() - t0
+        return out
+
+    def _choice_probs(self, reqs: list[Request]) -> list[list[float]]:
+        return [_softmax([sum(lp) for lp in per_choice]) for per_choice in self._scores(reqs)]
+
+    def _enumerate_choices(self, reqs: list[Request]) -> list[list]:
+        """Every label once per pair (rewards 1 for the panel's, 0 for the
+        others): the group's advantages never vanish, unlike G samples from
+        a peaked choice distribution, and the update is the exact
+        group-relative one over the whole choice set."""
+        engine = self.s.engine
+        out = []
+        for req, per_choice in zip(reqs, self._scores(reqs)):
+            probs = _softmax([sum(lp) for lp in per_choice])
+            prompt = engine.encode(req.messages)
+            out.append([Completion("eval", choice, prompt, engine.choice_ids(choice), lp, True, sample_index=k, choice_probs=probs)
+                        for k, (choice, lp) in enumerate(zip(req.choices, per_choice))])
+        return out
+
+    # --------------------------------------------------------- held out
+    def checks(self, iteration: int, after: str) -> list[dict]:
+        """Eval on the pairs kept out of its training (`eval_heldout`; its
+        calibration error goes to the state, for soft labels) and on the
+        recipe's gold file (`eval_gold`): one metrics row each."""
+        s = self.s
+        rows = []
+        held = s.data.heldout_pairs()
+        if held:
+            rows.append(self._check(iteration, after, "eval_heldout", held, [x["panel_label"] for x in held]))
+            if "ece" in rows[-1]:
+                s.state["eval_ece"] = rows[-1]["ece"]
+        if s.data.gold:
+            rows.append(self._check(iteration, after, "eval_gold", s.data.gold, [x["label"] for x in s.data.gold]))
+        return rows
+
+    def _check(self, iteration: int, after: str, phase: str, pairs: list[dict], gold: list[str]) -> dict:
+        if self.p.choice:
+            probs = self._choice_probs([self._request(x) for x in pairs])
+            preds = [judged(p) for p in probs]
+            ece = calibration_error(probs, [LABELS.index(g) for g in gold])
+        else:
+            outs = self.p.generate("eval", [self._request(x) for x in pairs], self.p.judge_sampling)
+            preds = [parse_label(o[0].text, LABELS, finished=o[0].finished).label for o in outs]
+            ece = None
+        row = {"iteration": iteration, "phase": phase, "after": after, "step": 0, "n": len(pairs),
+               "accuracy": sum(p == g for p, g in zip(preds, gold)) / len(pairs)}
+        for c in LABELS:
+            mine = [p for p, g in zip(preds, gold) if g == c]
+            row[f"recall_{c}"] = sum(p == c for p in mine) / len(mine) if mine else None
+            row[f"pred_rate_{c}"] = sum(p == c for p in preds) / len(preds)
+        if ece is not None:
+            row["ece"] = round(ece, 6)
+        return row

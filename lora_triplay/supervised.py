@@ -1,0 +1,96 @@
+"""Supervised learning of a forced choice: cross-entropy over a label set.
+
+A judge in choice mode answers with the label string whose sequence
+log-probability (label tokens + EOS) is highest. Its supervised objective is
+that same quantity: the softmax of the sequence log-probs over the label set,
+and the cross-entropy with the gold label (with optional label smoothing).
+An example with a single choice (a judge that writes its answer) is plain
+teacher forcing: the mean token NLL of the gold label line.
+
+Why at all, when the paper trains eval with GRPO: on a few hundred labels a
+small eval trained by GRPO collapsed onto one label for long stretches
+(method.md); the cross-entropy on the same labels is the cheap, stable way to
+a judge that judges, after which GRPO can refine it (`sft+grpo`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .forward import padded_tokens
+
+
+@dataclass
+class ChoiceExample:
+    """One labelled prompt: the token ids of every choice (EOS included) and
+    the index of the right one."""
+
+    prompt_ids: list[int]
+    choices: list[list[int]]
+    gold: int
+    kind: str | None = None
+
+
+@dataclass
+class _Row:  # what forward.py needs of a row
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+def _chunks(examples: list[ChoiceExample], layout: str, max_tokens: int | None) -> list[list[ChoiceExample]]:
+    """Examples cut into micro-batches by padded tokens; an example's choices
+    stay together (their softmax couples them)."""
+    out: list[list[ChoiceExample]] = []
+    for ex in examples:
+        rows = [_Row(e.prompt_ids, c) for e in (out[-1] if out else []) + [ex] for c in e.choices]
+        if out and max_tokens and padded_tokens(rows, layout) > max_tokens:
+            out.append([ex])
+        elif out:
+            out[-1].append(ex)
+        else:
+            out.append([ex])
+    return out
+
+
+def choice_cross_entropy(seq_logp: torch.Tensor, gold: torch.Tensor, smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example loss and whether the most likely choice is the gold one,
+    for `seq_logp` (examples, choices) of summed log-probs."""
+    logq = torch.log_softmax(seq_logp, dim=-1)
+    nll = -logq.gather(-1, gold.unsqueeze(-1)).squeeze(-1)
+    loss = (1 - smoothing) * nll - smoothing * logq.mean(-1) if smoothing else nll
+    return loss, logq.argmax(-1) == gold
+
+
+def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float, smoothing: float) -> dict[str, float]:
+    """Forward and backward of sum(loss) / n_all over this rank's examples
+    (n_all: every rank's count), micro-batch by micro-batch; returns totals
+    (ce_loss, ce_correct) for the step's statistics."""
+    device = next(learner.model.parameters()).device
+    totals = {"ce_loss": 0.0, "ce_correct": 0.0}
+    chunks = _chunks(examples, layout, learner.cfg.max_tokens_per_microbatch)
+    from .sharding import is_sharded
+
+    if is_sharded(learner.model):  # every rank runs as many forwards as the busiest (see grpo._plan)
+        chunks += [[]] * (learner.collective.max_int(len(chunks)) - len(chunks))
+    for chunk in chunks:
+        if not chunk:  # keeping step with the other ranks: a one-token forward of weight 0
+            out = learner._logprobs([learner._dummy], layout)
+            (out.logp.sum() * 0.0).backward()
+            continue
+        rows = [_Row(ex.prompt_ids, c) for ex in chunk for c in ex.choices]
+        out = learner._logprobs(rows, layout)
+        seq = (out.logp * out.cmask).sum(-1)
+        gold = torch.tensor([ex.gold for ex in chunk], device=device)
+        if all(len(ex.choices) == 1 for ex in chunk):  # teacher forcing on the one label line
+            loss = -(seq / out.cmask.sum(-1).clamp(min=1))
+            right = torch.ones_like(loss, dtype=torch.bool)
+        else:
+            width = len(chunk[0].choices)
+            if any(len(ex.choices) != width for ex in chunk):
+                raise ValueError("choice examples in one batch need the same number of choices")
+            loss, right = choice_cross_entropy(seq.view(len(chunk), width), gold, smoothing)
+        (loss.sum() / n_all).backward()
+        totals["ce_loss"] += loss.sum().item()
+        totals["ce_correct"] += right.float().sum().item()
+    return totals
