@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM = false
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: install install-vllm demo test smoke-ci bench bench-engines gpu-wheels learns evidence evidence-ablations
+.PHONY: install install-vllm demo test lint smoke-ci bench bench-engines gpu-wheels learns evidence evidence-ablations
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,10 @@ demo: install
 # models and vLLM (its engine, parity and serve tests).
 test: install-vllm
 	$(BIN)/python -m pytest -q
+
+# ruff (pyproject.toml: line length, import order, pyflakes); CI runs it first.
+lint: install
+	$(BIN)/ruff check lora_triplay tests bench
 
 # What CI runs on the real embedded model: the main job with one step per phase.
 smoke-ci: install

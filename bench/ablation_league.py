@@ -149,7 +149,8 @@ def markdown(res: dict) -> str:
     lines = ["# League + adaptive control ablation (issue 13)", "",
              f"Recipe {res['recipe']} with {' '.join(res['budget'])}; options: {' '.join(res['options'])}.",
              "Fixed judge: rules. ASR in % (higher = the attacker wins).", "",
-             "| run | steps red/blue/eval | red@last vs past blues (pooled) | red@last vs each | blue@last vs past reds (pooled) | blue@last vs each |",
+             "| run | steps red/blue/eval | red@last vs past blues (pooled) | red@last vs each "
+             "| blue@last vs past reds (pooled) | blue@last vs each |",
              "| --- | --- | ---: | --- | ---: | --- |"]
     for name, r in res["runs"].items():
         s = r["steps_taken"]
@@ -159,7 +160,8 @@ def markdown(res: dict) -> str:
     lines.append("")
     for name, r in res["runs"].items():
         if r["control_decisions"]:
-            lines.append(f"Control decisions ({name}): " + "; ".join(f"it {c['iteration']}: {c['action']} ({c['reason']})" for c in r["control_decisions"]))
+            lines.append(f"Control decisions ({name}): "
+                         + "; ".join(f"it {c['iteration']}: {c['action']} ({c['reason']})" for c in r["control_decisions"]))
         tm = {k: v for k, v in r["training_means"].items() if v is not None}
         if tm:
             lines.append(f"Training means ({name}): " + ", ".join(f"{k} {v:.3f}" for k, v in tm.items()))

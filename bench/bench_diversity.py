@@ -54,7 +54,7 @@ from results_io import save_results
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lora_triplay.rewards.diversity import (
+from lora_triplay.triplay.rewards.diversity import (  # noqa: E402 (needs the sys.path set-up above)
     DEFAULT_ORDERS,
     AttackSuccessPool,
     HashingEncoder,
@@ -62,7 +62,7 @@ from lora_triplay.rewards.diversity import (
     load_sentence_encoder,
     tokenize,
 )
-from lora_triplay.roles import load_basic_prompts, load_techniques
+from lora_triplay.triplay.roles import load_basic_prompts, load_techniques  # noqa: E402 (needs the sys.path set-up above)
 
 CANDIDATES = 256
 

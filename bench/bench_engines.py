@@ -34,7 +34,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ADAPTERS = ("base", "red", "blue", "eval")
+ADAPTERS = ("base", "red", "blue", "evaluator")
 
 
 
@@ -42,11 +42,12 @@ def build(base_spec: str, rank: int, seed: int = 0):
     from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
     from lora_triplay.tiny import randomize_lora_b
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     cfg = ModelConfig(base=base_spec, device="cpu", dtype="float32")
     base, tok, path = load_base(cfg)
     lora = LoraConfig(rank=rank, alpha=2 * rank)
-    model = attach_role_adapters(base, lora, seed)
+    model = attach_role_adapters(base, lora, seed, list(ROLE_ADAPTERS.values()))
     randomize_lora_b(model, seed=seed + 1, scale=0.02)  # adapters that differ from the base, like trained ones
     model.eval()
     return model, tok, path, lora
@@ -54,7 +55,7 @@ def build(base_spec: str, rank: int, seed: int = 0):
 
 def requests(per_adapter: int):
     from lora_triplay.engine.base import Request
-    from lora_triplay.roles import load_basic_prompts
+    from lora_triplay.triplay.roles import load_basic_prompts
 
     prompts = [b.prompt for b in load_basic_prompts(None, None, None)][: per_adapter * len(ADAPTERS)]
     reqs = []

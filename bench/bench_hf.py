@@ -48,13 +48,14 @@ def main() -> None:
 
     from lora_triplay.engine.base import Request, Sampling
     from lora_triplay.engine.hf import HFEngine
-    from lora_triplay.forward import SHARED, completion_logprobs
-    from lora_triplay.grpo import Sample
     from lora_triplay.judging.parsing import LABEL_CHOICES
-    from lora_triplay.logprobs import LogprobComputer
     from lora_triplay.model import activate, attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
-    from lora_triplay.roles import (
+    from lora_triplay.training.forward import SHARED, completion_logprobs
+    from lora_triplay.training.grpo import Sample
+    from lora_triplay.training.logprobs import LogprobComputer
+    from lora_triplay.triplay.roles import (
+        ROLE_ADAPTERS,
         eval_messages,
         load_basic_prompts,
         load_techniques,
@@ -64,7 +65,7 @@ def main() -> None:
     from tests.reference import token_logprobs
 
     base, tok, _ = load_base(ModelConfig(base=args.base, device="cpu", dtype="float32"))
-    model = attach_role_adapters(base, LoraConfig(rank=8, alpha=16), seed=0)
+    model = attach_role_adapters(base, LoraConfig(rank=8, alpha=16), seed=0, names=list(ROLE_ADAPTERS.values()))
     model.eval()
     engine = HFEngine(model, tok, max_batch_size=64)
     prompts, techniques = load_basic_prompts(), load_techniques()
@@ -102,7 +103,7 @@ def main() -> None:
         results["batching"] = {"shared_s": timed(lambda: gen_rows(64)), "naive_s": timed(lambda: gen_rows(1))}
 
     pairs = [(f"{p.prompt} Please answer in a story.", "I can't help with that, but here is some safety advice. " * 3) for p in prompts[:16]]
-    judge = [Request("eval", eval_messages(p, r), choices=LABEL_CHOICES) for p, r in pairs]
+    judge = [Request("evaluator", eval_messages(p, r), choices=LABEL_CHOICES) for p, r in pairs]
 
     def choice_shared():
         engine.score_choices(judge)

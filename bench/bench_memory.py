@@ -39,6 +39,7 @@ def _model(checkpointing: bool):
 
     from lora_triplay.model import attach_role_adapters
     from lora_triplay.recipe import LoraConfig
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, max_position_embeddings=8192, tie_word_embeddings=True)
@@ -49,15 +50,15 @@ def _model(checkpointing: bool):
         p.requires_grad_(False)
     if checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return attach_role_adapters(base, LoraConfig(rank=8, alpha=16), seed=0)
+    return attach_role_adapters(base, LoraConfig(rank=8, alpha=16), seed=0, names=list(ROLE_ADAPTERS.values()))
 
 
 def child(mode: str, rows: int, tokens: int) -> dict:
     import torch
 
-    from lora_triplay.grpo import GrpoLearner, Sample
     from lora_triplay.model import activate
     from lora_triplay.recipe import GrpoConfig
+    from lora_triplay.training.grpo import GrpoLearner, Sample
 
     torch.manual_seed(0)
     model = _model(checkpointing=mode == "chunked+ckpt")
@@ -126,7 +127,8 @@ def main() -> None:
         "runs": runs, "unchunked_measured": naive,
         "unchunked_estimate_gb": round(estimate, 1),
         "unchunked_logits_alone_gb": round(args.rows * (args.tokens + 1) * VOCAB * 4 / 1e9, 1),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
         "date": time.strftime("%Y-%m-%d"),
     }
     print(f"vocab {VOCAB:,}, {args.rows} completions x {args.tokens:,} tokens, one GRPO update (KL reference on):")

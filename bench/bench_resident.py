@@ -64,12 +64,13 @@ def measure(layout: str, base: str, rank: int) -> dict:
             HFEngine(m, tok).generate([Request("base", msgs)] * 4, greedy)
         keep += copies
     if layout == "ours":
-        from lora_triplay.grpo import GrpoLearner, Sample
         from lora_triplay.model import activate, attach_role_adapters
         from lora_triplay.recipe import GrpoConfig, LoraConfig
+        from lora_triplay.training.grpo import GrpoLearner, Sample
+        from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
         lora = LoraConfig(rank=rank, alpha=2 * rank)
-        peft = attach_role_adapters(model, lora, seed=0)
+        peft = attach_role_adapters(model, lora, seed=0, names=list(ROLE_ADAPTERS.values()))
         stages["adapters"] = rss_mb()
         engine = HFEngine(peft, tok, max_batch_size=64, lora=lora)
         out = engine.generate([Request(a, msgs) for a in ("base", "red", "blue", "eval")], greedy)
@@ -110,7 +111,8 @@ def main() -> None:
     print(f"{'layout':14} {'RSS MB':>8} {'model MB':>9} {'x one base':>11} {'peak MB':>8}")
     for layout in LAYOUTS:
         r = res[layout]
-        print(f"{layout:14} {r['rss_mb']:8.0f} {r.get('model_mb', 0):9.0f} {r.get('over_one_base_model', 1.0 if layout == 'one_base' else 0):11.3f} {r['peak_mb']:8.0f}")
+        print(f"{layout:14} {r['rss_mb']:8.0f} {r.get('model_mb', 0):9.0f} "
+              f"{r.get('over_one_base_model', 1.0 if layout == 'one_base' else 0):11.3f} {r['peak_mb']:8.0f}")
     save_results(args.out, res)
 
 

@@ -101,9 +101,9 @@ def main() -> None:
 
     from lora_triplay.engine.base import Sampling
     from lora_triplay.engine.hf import HFEngine
-    from lora_triplay.grpo import GrpoLearner, Sample
     from lora_triplay.model import activate
     from lora_triplay.recipe import GrpoConfig
+    from lora_triplay.training.grpo import GrpoLearner, Sample
 
     torch.set_num_threads(args.threads)
     per_adapter, new_tokens = (4, 24) if args.quick else (8, args.max_new_tokens)

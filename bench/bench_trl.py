@@ -97,9 +97,9 @@ def make_ours(args):
     """A fresh base with one LoRA adapter (`red`), trained by our learner."""
     from peft import get_peft_model
 
-    from lora_triplay.grpo import GrpoLearner
     from lora_triplay.model import activate
     from lora_triplay.recipe import GrpoConfig
+    from lora_triplay.training.grpo import GrpoLearner
 
     base, tok, _ = load_model()
     model = get_peft_model(base, lora(), adapter_name="red")
@@ -110,7 +110,7 @@ def make_ours(args):
 
 def to_samples(batch: dict, group: int):
     """TRL's padded batch (prompts left-padded, completions right-padded) as our Samples."""
-    from lora_triplay.grpo import Sample
+    from lora_triplay.training.grpo import Sample
 
     rows = zip(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"], batch["advantages"])
     return [Sample(p[pm.bool()].tolist(), c[cm.bool()].tolist(), i // group, 0.0, float(a))

@@ -122,14 +122,14 @@ def build_labelled_pairs(held: Path, data: Path, rng: random.Random) -> dict:
     from lora_triplay.judging.refusals import rules_label
     from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
-    from lora_triplay.roles import blue_messages
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS, blue_messages
 
     torch.manual_seed(0)
     harmful = rng.sample([r["forbidden_prompt"] for r in read_csv(data / "strongreject/strongreject_dataset.csv")], 15)
     benign = rng.sample([r["prompt"] for r in read_csv(data / "xstest/xstest_prompts.csv") if r["label"] == "safe"], 15)
     prompts = [(p, "harmful") for p in harmful] + [(p, "benign") for p in benign]
     base, tok, _ = load_base(ModelConfig(base="embedded:smollm2-135m", device="cpu", dtype="float32"))
-    engine = HFEngine(attach_role_adapters(base, LoraConfig(rank=8, alpha=16), 0), tok, max_batch_size=64)
+    engine = HFEngine(attach_role_adapters(base, LoraConfig(rank=8, alpha=16), 0, list(ROLE_ADAPTERS.values())), tok, max_batch_size=64)
     reqs, meta = [], []
     for variant, system in PAIR_SYSTEMS.items():
         for p, kind in prompts:

@@ -117,10 +117,10 @@ def measure_bandwidth(device: str) -> float:
 def stage_update(args, recipe, model, tok, device) -> None:
     import torch
 
-    from lora_triplay.grpo import GrpoLearner, Sample
-    from lora_triplay.logprobs import LogprobComputer
     from lora_triplay.model import activate
     from lora_triplay.plan import make_plan
+    from lora_triplay.training.grpo import GrpoLearner, Sample
+    from lora_triplay.training.logprobs import LogprobComputer
 
     params = activate(model, "blue")
     g = torch.Generator().manual_seed(1)
@@ -180,7 +180,8 @@ def stage_decode(args, model, tok, device, bandwidth: float) -> None:
     text = " ".join(words)
     ids = tok(text)["input_ids"][: args.prompt_tokens - 16]
     prompt_text = tok.decode(ids)
-    reqs = [Request(a, [{"role": "user", "content": f"{i} {prompt_text}"}]) for a in ("base", "red", "blue", "eval") for i in range(args.decode_rows // 4)]
+    reqs = [Request(a, [{"role": "user", "content": f"{i} {prompt_text}"}])
+            for a in ("base", "red", "blue", "evaluator") for i in range(args.decode_rows // 4)]
     sampling = Sampling(max_new_tokens=args.decode_tokens, temperature=1.0, seed=0)
     engine.generate(reqs[:4], Sampling(max_new_tokens=4, temperature=0.0))  # warm-up
     if device == "cuda":
@@ -211,12 +212,12 @@ def stage_decode(args, model, tok, device, bandwidth: float) -> None:
 def stage_loop(args, overrides: list[str], folder: Path, device: str) -> None:
     import torch
 
+    from lora_triplay.core.session import Session
     from lora_triplay.recipe import load_recipe
-    from lora_triplay.session import Session
 
     recipe = load_recipe(ROOT / "recipes" / "8b.yaml", overrides + [
         "engine.backend=hf", "engine.max_batch_size=64", "iterations=1",
-        "phases.red.steps=2", "phases.blue.steps=2", "phases.eval.steps=2",
+        "phases.red.steps=2", "phases.blue.steps=2", "phases.eval.steps=2", "phases.eval_warmup.steps=0",  # the phases' own steps
         "grpo.prompts_per_step=2", "grpo.group_size=4", f"phases.red.max_new_tokens={args.loop_tokens}",
         f"grpo.max_new_tokens={args.loop_tokens}", "rewards.judge_mode=choice", "rewards.embedding_model=hashing",
         "experts.safety_experts=2", "experts.utility_experts=2", "defenders=[{name: blue, weight: 1.0}, {name: base, weight: 0.5}]",
@@ -239,8 +240,8 @@ def stage_loop(args, overrides: list[str], folder: Path, device: str) -> None:
 
 
 def stage_plan_check(overrides: list[str]) -> None:
+    from lora_triplay.core.session import check_fits_gpu
     from lora_triplay.recipe import RecipeError, load_recipe
-    from lora_triplay.session import check_fits_gpu
 
     out = {}
     for label, extra in (("8b.yaml as shipped", []), ("8b.yaml without checkpointing", ["model.gradient_checkpointing=false"])):
@@ -272,6 +273,7 @@ def main() -> None:
 
     from lora_triplay.model import attach_role_adapters
     from lora_triplay.recipe import load_recipe
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     shape_cfg = json.loads((ROOT / "lora_triplay" / "configs" / "qwen3-8b.json").read_text())
     device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
@@ -300,7 +302,7 @@ def main() -> None:
         return args.budget_s - (time.perf_counter() - t_start)
 
     t0 = time.perf_counter()
-    model = attach_role_adapters(random_base(shape_cfg, device, dtype, True), recipe.lora, seed=0)
+    model = attach_role_adapters(random_base(shape_cfg, device, dtype, True), recipe.lora, seed=0, names=list(ROLE_ADAPTERS.values()))
     say(f"base + 3 adapters built in {time.perf_counter() - t0:.1f}s")
     for name in ("update", "decode"):
         if left() < 30:

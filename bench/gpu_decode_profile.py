@@ -45,6 +45,7 @@ def main() -> None:
     from lora_triplay.engine.hf import HFEngine
     from lora_triplay.model import attach_role_adapters, load_tokenizer
     from lora_triplay.recipe import load_recipe
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     shape = json.loads((ROOT / "lora_triplay" / "configs" / "qwen3-8b.json").read_text())
     device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
@@ -59,11 +60,11 @@ def main() -> None:
     folder = model_folder(shape, Path(tempfile.mkdtemp(prefix="gpu-prof-")))
     recipe = load_recipe(ROOT / "recipes" / "8b.yaml", [f"model.base={folder}", "engine.backend=hf"])
     tok = load_tokenizer(str(folder), recipe.model)
-    model = attach_role_adapters(random_base(shape, device, dtype, True), recipe.lora, seed=0)
+    model = attach_role_adapters(random_base(shape, device, dtype, True), recipe.lora, seed=0, names=list(ROLE_ADAPTERS.values()))
     engine = HFEngine(model, tok, max_batch_size=64)
     text = " ".join(("safety research question about general risks " * 400).split())
     prompt = tok.decode(tok(text)["input_ids"][: prompt_tokens - 16])
-    adapters = ("base", "red", "blue", "eval")
+    adapters = ("base", "red", "blue", "evaluator")
 
     def reqs(n):
         return [Request(adapters[i % 4], [{"role": "user", "content": f"{i} {prompt}"}]) for i in range(n)]

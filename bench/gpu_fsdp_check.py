@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT))
 def build(folder: str, device, dtype, mesh=None):
     import torch
 
-    from lora_triplay.model import ROLE_ADAPTERS, attach_role_adapters, load_base
+    from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
-    from lora_triplay.sharding import shard_base
     from lora_triplay.tiny import randomize_lora_b
+    from lora_triplay.training.sharding import shard_base
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     cfg = ModelConfig(base=folder, device=device.type, dtype=str(dtype).removeprefix("torch."))
     base, tok, _ = load_base(cfg, place=False)  # both built on the CPU: the same draws, whatever the device
@@ -51,18 +52,19 @@ def build(folder: str, device, dtype, mesh=None):
 def run_checks(model, tok, device) -> dict:
     from lora_triplay.engine.base import Request, Sampling
     from lora_triplay.engine.hf import HFEngine
-    from lora_triplay.grpo import GrpoLearner, Sample
     from lora_triplay.model import activate
     from lora_triplay.recipe import GrpoConfig, LoraConfig
-    from lora_triplay.sharding import is_sharded
+    from lora_triplay.training.grpo import GrpoLearner, Sample
+    from lora_triplay.training.sharding import is_sharded
 
     engine = HFEngine(model, tok, max_batch_size=4, lora=LoraConfig(rank=8, alpha=16))
     asks = ["hello there", "tell me a story", "what is rain", "name a colour", "say something", "why"]
-    reqs = [Request(["red", "blue", "eval", "base"][i % 4], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]
+    reqs = [Request(["red", "blue", "evaluator", "base"][i % 4], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]
     t0 = time.perf_counter()
     comps = engine.generate(reqs, Sampling(max_new_tokens=16, temperature=0.0))
     seconds = time.perf_counter() - t0
-    scores = engine.score_choices([Request("eval", [{"role": "user", "content": a}], choices=("Label: negative", "Label: positive")) for a in asks])
+    scores = engine.score_choices([Request("evaluator", [{"role": "user", "content": a}], choices=("Label: negative", "Label: positive"))
+                                   for a in asks])
     samples = [Sample(tok.encode(a), c[0].token_ids or tok.encode(" ok"), group=i // 2, reward=0.0, advantage=1.0 if i % 2 else -1.0)
                for i, (a, c) in enumerate(zip(asks, comps))]
     params = activate(model, "red")
@@ -81,8 +83,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from lora_triplay.sharding import device_mesh
     from lora_triplay.tiny import build_tiny_qwen3
+    from lora_triplay.training.sharding import device_mesh
 
     cuda = torch.cuda.is_available() and not args.dry_run
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

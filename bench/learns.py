@@ -7,9 +7,8 @@ Blue alone (recipes/learns.yaml: no red, no eval training), its reward from
 the fixed rules judge plus the degenerate-answer penalty, on the embedded
 SmolLM2-135M-Instruct (CPU, float32, one torch thread each):
 
-prepare  blue's harmful training prompts, one file for both trainers: our
-         seed requests, every other one wrapped by the untrained red
-         (attacks.jsonl); and the
+prepare  blue's harmful training prompts, one file for both trainers: the
+         untrained red's wraps of our seed requests (attacks.jsonl); and the
          held-out sets sampled once (seed 0) from --data (heldout.py), 40
          prompts each: JBB harmful, JBB benign, XSTest safe, XSTest unsafe.
          Never trained on: training draws from our own seed and benign
@@ -39,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import lora_triplay.triplay.config as tp  # noqa: E402 (TriPlay's per-role settings)
+
 sys.path.insert(0, str(ROOT / "bench"))
 from heldout import blue_sets, read_csv, write_csv  # noqa: E402
 
@@ -71,13 +72,13 @@ def env() -> dict:
 # ----------------------------------------------------------------- prepare
 
 def attacks(work: Path) -> Path:
-    """Blue's harmful training prompts, the same for both trainers: the seed
-    requests in the order a run draws them, as many as the run's steps take,
-    every other one wrapped by the untrained red (= the base, red's template,
-    seeded sampling at red's temperature). Why both: on the seeds alone the
-    base never refused (no signal); on wraps alone blue learnt to apologise
-    to confusing text, which is not telling harmful from benign. The file
-    stays in WORK (git-ignored)."""
+    """Blue's harmful training prompts, the same for both trainers: the
+    untrained red (= the base, red's template, seeded sampling at red's
+    temperature) wraps the seed requests in the order a run draws them, as
+    many as the run's steps take. Why wraps and not the seeds as they are:
+    on the seeds the base refused 0 of 128 answers at temperature 1 (no
+    signal); with half the attacks raw, blue did not start refusing in 11
+    steps (tried-2026-12-01-second-run.json). The file stays in WORK."""
     out = work / "attacks.jsonl"
     if out.is_file():
         return out
@@ -87,26 +88,23 @@ def attacks(work: Path) -> Path:
     from lora_triplay.engine.hf import HFEngine
     from lora_triplay.judging.parsing import extract_wrapped_prompt
     from lora_triplay.model import attach_role_adapters, load_base
-    from lora_triplay.roles import red_messages
-    from lora_triplay.rundata import RunData
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS, red_messages
+    from lora_triplay.triplay.rundata import RunData
 
     torch.set_num_threads(2)
     recipe = _recipe()
     data = RunData(recipe, {"cursor": 0, "benign_cursor": 0}, panel=None)
-    per_step = recipe.prompts_of("blue") - data.benign_count(recipe.prompts_of("blue"))
+    per_step = tp.prompts_of(recipe, "blue") - data.benign_count(tp.prompts_of(recipe, "blue"))
     items = data.next_seed_items(per_step * recipe.iterations * recipe.phases.blue.steps)
     base, tok, _ = load_base(recipe.model)
-    engine = HFEngine(attach_role_adapters(base, recipe.lora, recipe.seed), tok, max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora)
-    sampling = Sampling(max_new_tokens=recipe.max_new_tokens_of("red"), temperature=recipe.temperature_of("red"), seed=recipe.seed)
-    wrapped = items[::2]  # every other attack is red's wrap, the others the seed request as it is
-    wraps = iter(engine.generate([Request("base", red_messages(b.prompt, t)) for b, t in wrapped], sampling))
+    model = attach_role_adapters(base, recipe.lora, recipe.seed, list(ROLE_ADAPTERS.values()))
+    engine = HFEngine(model, tok, max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora)
+    sampling = Sampling(max_new_tokens=tp.max_new_tokens_of(recipe, "red"), temperature=tp.temperature_of(recipe, "red"), seed=recipe.seed)
+    wraps = engine.generate([Request("base", red_messages(b.prompt, t)) for b, t in items], sampling)
     with open(out, "w", encoding="utf-8") as f:
-        for k, (b, t) in enumerate(items):
-            row = {"prompt": b.prompt, "basic": b.prompt, "technique": "none"}
-            if k % 2 == 0:
-                row.update(prompt=extract_wrapped_prompt(next(wraps)[0].text) or b.prompt, technique=t.name)
-            f.write(json.dumps(row) + "\n")
-    log(f"attacks: {len(items)} seed requests, every other one wrapped by the untrained red -> {out}")
+        for (b, t), w in zip(items, wraps):
+            f.write(json.dumps({"prompt": extract_wrapped_prompt(w[0].text) or b.prompt, "basic": b.prompt, "technique": t.name}) + "\n")
+    log(f"attacks: {len(items)} wraps of the seed requests by the untrained red -> {out}")
     return out
 
 
@@ -147,12 +145,15 @@ def train(work: Path) -> dict:
         log(f"train {name}: {' '.join(cmd[1:])}")
         procs[name] = (subprocess.Popen(cmd, stdout=open(work / f"train-{name}.log", "a"), stderr=subprocess.STDOUT, env=env(), cwd=ROOT),
                        time.time())
+    windows_file = work / "train-windows.json"
+    windows = json.loads(windows_file.read_text()) if windows_file.is_file() else {}
     for name, (proc, t0) in procs.items():
         if proc.wait() != 0:
             raise SystemExit(f"train {name} failed ({proc.returncode}); see {work / f'train-{name}.log'}")
-        times[name] = time.time() - t0
+        times[name], windows[name] = time.time() - t0, [t0, time.time()]
         log(f"train {name}: done in {times[name] / 60:.1f} min (process wall time, model loading included)")
-    times_file.write_text(json.dumps(times, indent=2) + "\n")
+        times_file.write_text(json.dumps(times, indent=2) + "\n")  # after each: a failure of the other keeps it
+        windows_file.write_text(json.dumps(windows, indent=2) + "\n")
     return times
 
 
@@ -177,8 +178,9 @@ def checkpoints(work: Path) -> dict[str, dict]:
                              "folder": str(RUN / "blue" / f"iter-{it:04d}")}
     wall = {r["step"]: r["wall_seconds"] for r in map(json.loads, (work / "trl" / "wall.jsonl").read_text().splitlines())}
     # TRL's curve: every step it reached within its budget when that is a
-    # few, else the same iteration boundaries as ours
-    steps = sorted(wall) if len(wall) <= recipe.iterations else [s for s in sorted(wall) if s % recipe_steps == 0]
+    # few (it stops at the time budget, far short of ours), else the same
+    # iteration boundaries as ours
+    steps = sorted(wall) if len(wall) <= 8 else [s for s in sorted(wall) if s % recipe_steps == 0]
     for step in steps:
         out[f"trl@{step}"] = {"side": "trl", "step": step, "wall_seconds": wall[step], "folder": str(work / "trl" / f"step-{step:04d}")}
     return out
@@ -201,12 +203,13 @@ def evaluate_part(work: Path, names: list[str], out: Path) -> None:
     from lora_triplay.judging.quality import degenerate
     from lora_triplay.judging.refusals import rules_label
     from lora_triplay.model import attach_role_adapters, load_base
-    from lora_triplay.roles import blue_messages
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS, blue_messages
 
     torch.set_num_threads(1)
     recipe, cps = _recipe(work), checkpoints(work)
     base, tok, _ = load_base(recipe.model)
-    engine = HFEngine(attach_role_adapters(base, recipe.lora, recipe.seed), tok, max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora)
+    model = attach_role_adapters(base, recipe.lora, recipe.seed, list(ROLE_ADAPTERS.values()))
+    engine = HFEngine(model, tok, max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora)
     adapters = {}
     for name in names:
         adapters[name] = "base" if cps[name]["folder"] is None else name
@@ -214,7 +217,7 @@ def evaluate_part(work: Path, names: list[str], out: Path) -> None:
             engine.load_adapter(name, cps[name]["folder"])
     items = [(s, row) for s in SETS for row in read_csv(work / "heldout" / f"{s}.csv")[:HELDOUT_LIMIT]]
     reqs = [Request(adapters[n], blue_messages(row["prompt"])) for n in names for _, row in items]
-    comps = engine.generate(reqs, Sampling(max_new_tokens=recipe.max_new_tokens_of("blue"), temperature=0.0))
+    comps = engine.generate(reqs, Sampling(max_new_tokens=tp.max_new_tokens_of(recipe, "blue"), temperature=0.0))
     with open(out, "w", encoding="utf-8") as f:
         for k, c in enumerate(comps):
             name, (s, row) = names[k // len(items)], items[k % len(items)]
@@ -232,7 +235,8 @@ def evaluate(work: Path, jobs: int = 2) -> Path:
     procs = []
     t0 = time.time()
     for i, part in enumerate(parts):
-        cmd = [sys.executable, str(Path(__file__)), "--work", str(work), "--eval-part", ",".join(part), "--eval-out", str(work / f"answers-{i}.jsonl"),
+        cmd = [sys.executable, str(Path(__file__)), "--work", str(work), "--eval-part", ",".join(part),
+               "--eval-out", str(work / f"answers-{i}.jsonl"),
                *(["--quick"] if EXTRA else [])]
         procs.append(subprocess.Popen(cmd, stdout=open(work / f"eval-{i}.log", "w"), stderr=subprocess.STDOUT, env=env(), cwd=ROOT))
     if any(p.wait() != 0 for p in procs):
@@ -257,6 +261,15 @@ def set_metrics(rows: list[dict], name: str) -> dict:
     return out
 
 
+def _overlapped(work: Path) -> bool | None:
+    """Whether the two trainers ran at the same time (None: not recorded)."""
+    file = work / "train-windows.json"
+    w = json.loads(file.read_text()) if file.is_file() else {}
+    if not {"ours", "trl"} <= set(w):
+        return None
+    return w["ours"][0] < w["trl"][1] and w["trl"][0] < w["ours"][1]
+
+
 def summarize(work: Path) -> dict:
     from report_learns import judge_targets
 
@@ -276,10 +289,12 @@ def summarize(work: Path) -> dict:
     ours_step = [r["step_seconds"] for r in metrics if r.get("phase") == "blue"]
     trl_wall = [json.loads(x)["wall_seconds"] for x in (work / "trl" / "wall.jsonl").read_text().splitlines()]
     trl_step = [b - a for a, b in zip([0.0] + trl_wall, trl_wall)]
-    out = {"date": time.strftime("%Y-%m-%d"), "recipe": "recipes/learns.yaml", "heldout": json.loads((work / "heldout" / "manifest.json").read_text()),
+    out = {"date": time.strftime("%Y-%m-%d"), "recipe": "recipes/learns.yaml",
+           "heldout": json.loads((work / "heldout" / "manifest.json").read_text()),
            "process_minutes": {k: round(v / 60, 1) for k, v in times.items()},
            "trl_version": trl["trl_version"], "trl_prompt_ids_match_ours": trl["prompt_ids_match_ours"],
            "trl_budget_seconds": trl.get("max_seconds"), "trl_planned_steps": trl.get("planned_steps"),
+           "side_by_side": _overlapped(work),
            "seconds_per_step": {"ours": sum(ours_step) / len(ours_step), "trl": sum(trl_step) / len(trl_step),
                                 "trl_over_ours": (sum(trl_step) / len(trl_step)) / (sum(ours_step) / len(ours_step))}}
     for side in ("ours", "trl"):
@@ -295,7 +310,8 @@ def summarize(work: Path) -> dict:
     out["ours"]["training_rows"] = [{k: r.get(k) for k in ("iteration", "step", "reward_mean", "harmful_refusal_rate", "benign_refusal_rate",
                                                            "degenerate_rate", "frac_zero_std", "kl", "step_seconds")}
                                     for r in metrics if r.get("phase") == "blue"]
-    out["trl"]["training_rows"] = [{k: r.get(k) for k in ("step", "reward", "frac_reward_zero_std", "kl", "completions/clipped_ratio")} for r in trl["log"]]
+    out["trl"]["training_rows"] = [{k: r.get(k) for k in ("step", "reward", "frac_reward_zero_std", "kl", "completions/clipped_ratio")}
+                                   for r in trl["log"]]
     out["targets"] = judge_targets(out, TARGETS)
     return out
 

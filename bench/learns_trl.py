@@ -28,18 +28,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MICRO_ROWS = 16
+import lora_triplay.triplay.config as tp  # noqa: E402 (TriPlay's per-role settings)
+
+MICRO_ROWS = 8
 
 
 def step_prompts(recipe) -> list[tuple[str, str]]:
     """(request, kind) for every blue step of the run, in our run's order."""
-    from lora_triplay.rundata import RunData
+    from lora_triplay.triplay.rundata import RunData
 
     data = RunData(recipe, {"cursor": 0, "benign_cursor": 0, "attack_cursor": 0}, panel=None)
     steps = recipe.iterations * recipe.phases.blue.steps
     out = []
     for _ in range(steps):
-        items, benign = data.blue_requests(recipe.prompts_of("blue"))
+        items, benign = data.blue_requests(tp.prompts_of(recipe, "blue"))
         out += [(b.prompt, "harmful") for b, _ in items] + [(b.prompt, "benign") for b in benign]
     return out
 
@@ -48,7 +50,7 @@ def reward_function(recipe):
     """What `rewards.blue_judge: rules` gives ours, as a TRL reward function."""
     from lora_triplay.judging.quality import degenerate
     from lora_triplay.judging.refusals import rules_label
-    from lora_triplay.rewards.blue import blue_reward
+    from lora_triplay.triplay.rewards.blue import blue_reward
 
     rw = recipe.rewards
 
@@ -60,10 +62,11 @@ def reward_function(recipe):
 
 
 def trl_config(trl, recipe, out: Path):
-    g, P, G = recipe.grpo, recipe.prompts_of("blue"), recipe.group_size_of("blue")
+    g, P, G = recipe.grpo, tp.prompts_of(recipe, "blue"), tp.group_size_of(recipe, "blue")
     # One optimizer step per generation batch of P x G completions, in
     # micro-batches of whole groups, at most MICRO_ROWS rows: TRL keeps every
-    # row's full logits, 64 rows at once took 13 GB here.
+    # row's full logits: 64 rows at once took 13 GB here, 16 rows 17 GB at the peak
+    # (both killed for memory beside our run), so 8.
     groups_per_micro = max(1, min(P, MICRO_ROWS // G))
     while P % groups_per_micro:
         groups_per_micro -= 1
@@ -72,10 +75,10 @@ def trl_config(trl, recipe, out: Path):
         output_dir=str(Path(tempfile.gettempdir()) / "learns-trl"), use_cpu=True, bf16=False, fp16=False, seed=recipe.seed,
         gradient_checkpointing=False, per_device_train_batch_size=micro, num_generations=G, gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation, shuffle_dataset=False, max_steps=recipe.iterations * recipe.phases.blue.steps,
-        max_completion_length=recipe.max_new_tokens_of("blue"), temperature=recipe.temperature_of("blue"), top_p=g.top_p,
+        max_completion_length=tp.max_new_tokens_of(recipe, "blue"), temperature=tp.temperature_of(recipe, "blue"), top_p=g.top_p,
         repetition_penalty=g.repetition_penalty, beta=g.beta, loss_type=g.loss_type, epsilon=g.clip_epsilon,
         scale_rewards=g.scale_rewards, mask_truncated_completions=g.mask_truncated, num_iterations=g.updates_per_batch,
-        learning_rate=recipe.role_lr("blue"), weight_decay=g.weight_decay, adam_beta1=0.9, adam_beta2=0.99,
+        learning_rate=tp.role_lr(recipe, "blue"), weight_decay=g.weight_decay, adam_beta1=0.9, adam_beta2=0.99,
         optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=g.warmup_steps, max_grad_norm=g.max_grad_norm,
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
     )
@@ -99,7 +102,7 @@ def main() -> None:
 
     from lora_triplay.model import load_base, peft_lora_config
     from lora_triplay.recipe import load_recipe
-    from lora_triplay.roles import blue_messages
+    from lora_triplay.triplay.roles import blue_messages
 
     trl = import_trl(False)
     from datasets import Dataset  # bench/.trl-site's, on the path once import_trl ran

@@ -73,13 +73,18 @@ def figure(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def together(res: dict) -> str:
+    return {True: "side by side (one core each)", False: "one after the other, each alone on the machine",
+            None: "(how they overlapped was not recorded)"}[res.get("side_by_side")]
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Blue learns against a fixed judge ({res['date']})", "",
              f"`make learns` (bench/learns.py), recipe `{res['recipe']}`; held-out sets of {res['ours']['sets']['jbb-harmful']['before']['n']} "
              f"prompts each, greedy answers of {res['heldout']['max_new_tokens']} tokens, labelled by the rules judge. "
-             f"Ours and TRL {res['trl_version']} trained side by side, one core each "
+             f"Ours and TRL {res['trl_version']} trained {together(res)}, one torch thread each "
              f"(process minutes, model loading included: {res['process_minutes']}). TRL's prompt tokens equal ours: "
-             f"{res['trl_prompt_ids_match_ours']}. Seconds per GRPO step, side by side: ours {res['seconds_per_step']['ours']:.0f}, "
+             f"{res['trl_prompt_ids_match_ours']}. Seconds per GRPO step: ours {res['seconds_per_step']['ours']:.0f}, "
              f"TRL {res['seconds_per_step']['trl']:.0f} (x{res['seconds_per_step']['trl_over_ours']:.1f}); TRL stopped at its "
              f"{res['trl_budget_seconds']:.0f}-second budget after {res['trl']['steps']} of {res['trl_planned_steps']} steps.", "",
              "| set | metric | base | ours (after) | TRL (after) |", "| --- | --- | ---: | ---: | ---: |"]

@@ -67,7 +67,8 @@ def main() -> None:
     results = {name: run(work, name, extra) for name, extra in WAYS.items()}
     ref = results["1 process"]["metrics"]
     out = {"recipe": "recipes/smoke.yaml, 1 step per phase, embedded SmolLM2-135M, OMP_NUM_THREADS=1, 2 cores",
-           "ways": {name: {k: v for k, v in r.items() if k != "metrics"} | {"largest_metric_difference_vs_1_process": largest_difference(ref, r["metrics"])}
+           "ways": {name: {k: v for k, v in r.items() if k != "metrics"}
+                          | {"largest_metric_difference_vs_1_process": largest_difference(ref, r["metrics"])}
                     for name, r in results.items()}}
     for name, r in out["ways"].items():
         print(f"{name:<26} {r['wall_seconds']:7.1f} s  rank 0 holds {r['rank0_holds_percent']:5.1f}%  "

@@ -139,7 +139,8 @@ def main() -> None:
     for g, m, t, ok in rows:
         print(f"{g:{width}}  {m:>16}  {t:18} {ok}")
     print(f"\n{meta['minutes']:.1f} min; per script: {meta['script_seconds']}" + (f"; FAILED: {failed}" if failed else ""))
-    (RESULTS / "suite.json").write_text(json.dumps({"meta": meta, "goals": [dict(zip(("goal", "measured", "target", "met"), r)) for r in rows]}, indent=2) + "\n")
+    (RESULTS / "suite.json").write_text(json.dumps({"meta": meta, "goals": [dict(zip(("goal", "measured", "target", "met"), r)) for r in rows]},
+                                                   indent=2) + "\n")
     if not args.no_markdown and not args.quick:
         write_markdown(rows, meta)
     if failed:

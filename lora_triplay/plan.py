@@ -123,7 +123,7 @@ def load_shape(base: str, revision: str | None = None, trust_remote_code: bool =
         text = resources.files("lora_triplay").joinpath("configs", f"{SHIPPED[key]}.json").read_text()
         return Shape.from_config(json.loads(text), base)
     if base == "builtin:tiny-qwen3" or Path(base).expanduser().is_dir():
-        from .model import resolve_base
+        from .bases import resolve_base
 
         folder = Path(resolve_base(base, revision))
         return Shape.from_config(json.loads((folder / "config.json").read_text()), base)
@@ -194,9 +194,11 @@ class Plan:
 def microbatch_tokens(recipe, prompt_tokens: int) -> int:
     """Padded tokens in the largest micro-batch: the rows grad_accumulation
     leaves together, cut to grpo.max_tokens_per_microbatch (one row at least)."""
-    g = recipe.grpo
-    seq = prompt_tokens + recipe.longest_completion()
-    rows = math.ceil(max(recipe.prompts_of(r) * recipe.group_size_of(r) for r in ("red", "blue", "eval")) / g.grad_accumulation)
+    from .games import make_game
+
+    g, game = recipe.grpo, make_game(recipe)
+    seq = prompt_tokens + game.longest_completion()
+    rows = math.ceil(game.largest_batch() / g.grad_accumulation)
     tokens = rows * seq
     if g.max_tokens_per_microbatch:
         tokens = max(min(tokens, g.max_tokens_per_microbatch), seq)
@@ -204,7 +206,9 @@ def microbatch_tokens(recipe, prompt_tokens: int) -> int:
 
 
 def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_tokens: int = 1024, shape: Shape | None = None) -> Plan:
-    r = recipe
+    from .games import make_game
+
+    r, game = recipe, make_game(recipe)
     shape = shape or load_shape(r.model.base, r.model.revision, r.model.trust_remote_code)
     dtype_b = DTYPE_BYTES[r.model.dtype]
     params = shape.params()
@@ -228,8 +232,9 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
     else:
         add(Item(f"base weights ({r.model.dtype if r.model.dtype != 'auto' else 'bfloat16'})", params * dtype_b / GB,
                  "model.fsdp=true with several GPUs, model.quantization=4bit (QLoRA) or a smaller base", "both"))
-    snapshots = sum(1 for d in r.defenders if "@" in d.name)
-    add(Item(f"LoRA adapters (3 roles + {snapshots} snapshot{'s' * (snapshots != 1)}, fp32)", (3 + snapshots) * lora * 4 / GB, "lora.rank", "both"))
+    snapshots, roles = game.extra_adapters(), len(game.roles)
+    add(Item(f"LoRA adapters ({roles} roles + {snapshots} snapshot{'s' * (snapshots != 1)}, fp32)", (roles + snapshots) * lora * 4 / GB,
+             "lora.rank", "both"))
     add(Item("optimizer state (AdamW, active role; others offloaded to CPU)", 2 * lora * 4 / GB, "lora.rank", "both"))
     add(Item("CUDA context and allocator slack", CUDA_CONTEXT_GB, "nothing to turn", "both"))
 
@@ -245,7 +250,8 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         add(Item(f"activations, no checkpointing ({tokens:,} tokens per micro-batch)", act / GB,
                  "model.gradient_checkpointing=true or grpo.max_tokens_per_microbatch", "update"))
     chunk = r.grpo.logprob_chunk_tokens
-    add(Item(f"log-prob chunk ({chunk} tokens x {shape.vocab:,} vocab, fp32)", 4 * chunk * shape.vocab * 4 / GB, "grpo.logprob_chunk_tokens", "update"))
+    add(Item(f"log-prob chunk ({chunk} tokens x {shape.vocab:,} vocab, fp32)", 4 * chunk * shape.vocab * 4 / GB,
+             "grpo.logprob_chunk_tokens", "update"))
     plan.notes.append(
         f"unchunked log-probs would need {tokens * shape.vocab * 4 * 2 / GB:,.1f} GB for this micro-batch (logits + log-softmax, fp32)"
     )
@@ -253,7 +259,7 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         per_layer / 1e3, shape.hidden * dtype_b / 1e3))
 
     # ---- the engine
-    seq = prompt_tokens + r.longest_completion()
+    seq = prompt_tokens + game.longest_completion()
     kv_tok = shape.kv_bytes_per_token(dtype_b)
     if r.engine.backend == "vllm":
         tp = r.engine.tensor_parallel_size

@@ -21,18 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
+from .bases import ModelError
+from .core.snapshots import parse_role
 from .engine.base import BASE, Request, Sampling
 from .errors import UserError
 from .judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
-from .model import ModelError
-from .roles import (
+from .triplay.config import judge_budget
+from .triplay.roles import (
     Technique,
     blue_messages,
     eval_messages,
     load_basic_prompts,
     red_messages,
 )
-from .snapshots import parse_role
 
 # ------------------------------------------------------------ selection
 
@@ -129,10 +130,9 @@ def play_round(run, requests: list[str], *, sel: Selection, defenders: list[str]
     import torch
 
     recipe, engine = run.recipe, run.engine
-    for name in [sel.red, sel.eval, *defenders]:
-        run.ensure(name)
+    served = {name: run.ensure(name) for name in [sel.red, sel.eval, *defenders]}  # user names -> the engine's adapters
     torch.manual_seed(seed)
-    wraps = engine.generate([Request(sel.red, red_messages(q, t)) for q, t in zip(requests, techniques)], sampling)
+    wraps = engine.generate([Request(served[sel.red], red_messages(q, t)) for q, t in zip(requests, techniques)], sampling)
     rows = []
     for q, t, w in zip(requests, techniques, wraps):
         wrapped = extract_wrapped_prompt(w[0].text)
@@ -140,12 +140,12 @@ def play_round(run, requests: list[str], *, sel: Selection, defenders: list[str]
             "request": q, "technique": t.name, "red_output": w[0].text,
             "wrapped": wrapped if wrapped else q, "wrapped_ok": bool(wrapped), "defenders": [],
         })
-    answers = engine.generate([Request(d, blue_messages(row["wrapped"])) for row in rows for d in defenders], sampling)
+    answers = engine.generate([Request(served[d], blue_messages(row["wrapped"])) for row in rows for d in defenders], sampling)
     pairs = [(row, d, a[0]) for i, row in enumerate(rows) for d, a in zip(defenders, answers[i * len(defenders):(i + 1) * len(defenders)])]
     choice = recipe.rewards.judge_mode == "choice"
-    judge_sampling = Sampling(max_new_tokens=recipe.judge_budget(), temperature=0.0)
+    judge_sampling = Sampling(max_new_tokens=judge_budget(recipe), temperature=0.0)
     verdicts = engine.generate(
-        [Request(sel.eval, eval_messages(row["wrapped"], ans.text), 1, LABEL_CHOICES if choice else None) for row, _, ans in pairs],
+        [Request(served[sel.eval], eval_messages(row["wrapped"], ans.text), 1, LABEL_CHOICES if choice else None) for row, _, ans in pairs],
         judge_sampling,
     )
     for (row, d, ans), v in zip(pairs, verdicts):
@@ -244,7 +244,7 @@ class ChatSession:
     def switch(self, spec: str) -> str:
         role, it = parse_role(spec)
         name = role if it is None else f"{role}@{it}"
-        self.run.ensure(name)
+        self.served = self.run.ensure(name)  # what the engine serves `name` as
         self.adapter = name
         return name
 
@@ -265,7 +265,7 @@ class ChatSession:
     def ask(self, text: str) -> str:
         self.history.append({"role": "user", "content": text})
         try:
-            comp = self.run.engine.generate([Request(self.adapter, self.messages())], self.sampling)[0][0]
+            comp = self.run.engine.generate([Request(self.served, self.messages())], self.sampling)[0][0]
         except BaseException:
             self.history.pop()
             raise
@@ -292,11 +292,12 @@ def chat_loop(session: ChatSession, stdin: TextIO, say: Callable[[str], None], p
                 break
             if cmd == "/role":
                 if not arg:
-                    say(f"[now {session.adapter}; loaded: {', '.join(session.run.engine.adapters())}]")
+                    say(f"[now {session.adapter}; loaded: {', '.join(session.run.loaded())}]")
                     continue
                 try:
                     session.switch(arg)
-                    say(f"[role {session.adapter}; system prompt: {'set' if session.system else 'none'}; history kept ({len(session.history)} messages)]")
+                    say(f"[role {session.adapter}; system prompt: {'set' if session.system else 'none'}; "
+                        f"history kept ({len(session.history)} messages)]")
                 except UserError as exc:
                     say(f"[error: {exc}]")
             elif cmd == "/reset":

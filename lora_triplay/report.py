@@ -19,8 +19,8 @@ import json
 import math
 from pathlib import Path
 
-from .control import CONTROL
 from .errors import UserError
+from .triplay.control import CONTROL
 
 PHASES = ("red", "blue", "eval")
 # panel -> (title, y label, [(series name, phase or None, metrics key)])

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .bases import ModelError, resolve_base
+from .core.runs import read_run_recipe, snapshot_folder
+from .core.store import RunStore
 from .engine.vllm_setup import vllm_lora_rank
-from .model import ModelError, resolve_base
-from .runs import read_run_recipe, snapshot_folder
-from .store import RunStore
 
 INSTALL = (
     "vLLM is not installed in this environment; install it with `pip install -e '.[vllm]'` "
@@ -81,7 +81,7 @@ def build_command(run_dir: Path, *, iteration: int | None = None, snapshots: Ite
                   port: int = 8000, extra: Sequence[str] = (), launcher: Sequence[str] | None = None) -> list[str]:
     """The argv of `vllm serve` (`launcher` + args) for a run: base + red/blue/eval (at `iteration`,
     None = latest) + extra snapshots such as `blue@3`, as LoRA modules."""
-    from .snapshots import parse_role
+    from .core.snapshots import parse_role
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -28,9 +28,10 @@ def role_model(tiny_model_dir):
     from lora_triplay.model import attach_role_adapters, load_base
     from lora_triplay.recipe import LoraConfig, ModelConfig
     from lora_triplay.tiny import randomize_lora_b
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     base, tok, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
-    model = attach_role_adapters(base, LoraConfig(rank=4, alpha=8), seed=0)
+    model = attach_role_adapters(base, LoraConfig(rank=4, alpha=8), seed=0, names=list(ROLE_ADAPTERS.values()))
     randomize_lora_b(model, seed=1, scale=0.5)
     model.eval()
     return model, tok

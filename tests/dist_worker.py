@@ -12,29 +12,29 @@ import sys
 
 import torch
 
-from lora_triplay.distributed import Collective
+from lora_triplay.core.distributed import Collective
 from lora_triplay.engine.base import Request, Sampling
 from lora_triplay.engine.hf import HFEngine
 from lora_triplay.engine.sharded import ShardedEngine
-from lora_triplay.grpo import GrpoLearner, Sample
 from lora_triplay.model import (
-    ROLE_ADAPTERS,
     activate,
     adapter_parameters,
     load_role_model,
 )
 from lora_triplay.recipe import GrpoConfig, LoraConfig, ModelConfig
-from lora_triplay.sharding import is_sharded
 from lora_triplay.tiny import randomize_lora_b
+from lora_triplay.training.grpo import GrpoLearner, Sample
+from lora_triplay.training.sharding import is_sharded
+from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
 
 def engine_calls(model, tok, collective) -> dict:
     engine = HFEngine(model, tok, max_batch_size=1, lora=LoraConfig(rank=4, alpha=8))
     served = ShardedEngine(engine, collective) if collective.world > 1 else engine
     asks = ["hello there", "tell me a story", "what is rain", "name a colour", "say something"]
-    reqs = [Request(["red", "blue", "eval", "base", "blue"][i], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]
+    reqs = [Request(["red", "blue", "evaluator", "base", "blue"][i], [{"role": "user", "content": a}]) for i, a in enumerate(asks)]
     comps = served.generate(reqs, Sampling(max_new_tokens=6, temperature=0.0))
-    choices = [Request("eval", [{"role": "user", "content": a}], choices=("Label: negative", "Label: positive")) for a in asks[:3]]
+    choices = [Request("evaluator", [{"role": "user", "content": a}], choices=("Label: negative", "Label: positive")) for a in asks[:3]]
     return {"generated": [c[0].token_ids for c in comps], "scores": served.score_choices(choices),
             "engine_dummies": engine.lockstep.dummies if engine.lockstep else 0}
 

@@ -70,7 +70,8 @@ def test_comparison_rows_are_not_marked_met():
     sys.path.insert(0, str(ROOT / "bench"))
     import suite
 
-    rows = {g: met for g, _, _, met in suite.table({"resident": {"ours": {"over_one_base_model": 1.2}, "three_copies": {"over_one_base_model": 2.2}}})}
+    rows = {g: met for g, _, _, met in suite.table({"resident": {"ours": {"over_one_base_model": 1.2},
+                                                                 "three_copies": {"over_one_base_model": 2.2}}})}
     assert rows["4 resident: ours / one base"] == "no" and rows["4 resident: three copies / one base"] == "-"
 
 

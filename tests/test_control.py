@@ -8,12 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from lora_triplay.cli import app
-from lora_triplay.control import CONTROL, ControlConfig, PhaseControl
-from lora_triplay.recipe import Recipe
+from lora_triplay.recipe import build_recipe
+from lora_triplay.triplay.control import CONTROL, ControlConfig, PhaseControl
 
 
 def _control(**cfg) -> PhaseControl:
-    recipe = Recipe()
+    recipe = build_recipe({})
     return PhaseControl(ControlConfig(adaptive=True, **cfg), recipe, {"global_step": 7})
 
 
@@ -44,7 +44,7 @@ def test_red_stops_early_when_its_entropy_collapses():
 
 
 def test_nothing_changes_when_adaptive_is_off():
-    c = PhaseControl(ControlConfig(red_entropy_floor=0.5), Recipe(), {"global_step": 1})
+    c = PhaseControl(ControlConfig(red_entropy_floor=0.5), build_recipe({}), {"global_step": 1})
     assert c.after_step(1, "red", {"step": 1, "entropy": 0.0}) == []
     assert c.after_phase(1, "red", [{"asr_blue": 1.0}]) == []
     assert c.state["phase_steps"] == {}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_triplay.distributed import Collective
+from lora_triplay.core.distributed import Collective
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
@@ -90,7 +90,7 @@ def test_an_unknown_adapter_fails_on_every_rank_before_any_work(role_model):
 
 
 def test_ranks_load_a_sharded_base_as_many_at_a_time_as_host_memory_holds(monkeypatch):
-    from lora_triplay.sharding import copies_at_once
+    from lora_triplay.training.sharding import copies_at_once
 
     monkeypatch.delenv("LORA_TRIPLAY_LOAD_AT_ONCE", raising=False)
     available = int(dict(x.split(":", 1) for x in Path("/proc/meminfo").read_text().splitlines())["MemAvailable"].split()[0]) * 1024
@@ -167,7 +167,7 @@ def test_a_wrong_sharding_fails_the_step_comparison(tiny_model_dir, tmp_path, wr
     with pytest.raises(AssertionError):
         _assert_same_step(ref, ranks)
     gap = max((r["state"][k] - v).abs().max().item() for r in ranks for k, v in ref["state"].items())
-    assert gap > 100 * ATOL
+    assert gap > 100 * STEP_ATOL
 
 
 def _assert_same_step(ref: dict, ranks: list[dict]) -> None:
@@ -176,7 +176,7 @@ def _assert_same_step(ref: dict, ranks: list[dict]) -> None:
         assert r["loss"] == pytest.approx(ref["loss"], abs=ATOL)
         assert r["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL)
         for key, value in ref["state"].items():
-            assert torch.allclose(r["state"][key], value, rtol=0, atol=ATOL), key
+            assert torch.allclose(r["state"][key], value, rtol=0, atol=STEP_ATOL), key
     for key in ref["state"]:
         assert torch.equal(ranks[0]["state"][key], ranks[1]["state"][key]), f"ranks differ on {key}"
 
@@ -224,10 +224,16 @@ def _final(run: Path) -> dict:
 # stay float64 too, precision.py): only transformers' RMSNorm still rounds
 # to float32, which left gradient norms 1e-9 apart and adapters at most
 # 5e-8 apart after 2 updates per role at lr 1e-3 (measured, 2026-12-01).
-# ATOL = 1e-6 is 20x that; a wrong sharding (a rank's shard dropped or
-# counted twice) moves the rows and the adapters by far more, and the
-# companion tests below check that it fails these comparisons.
+# The bound scales with the learning rate, so the tolerance is per unit of
+# lr: 1e-3 x lr, i.e. ATOL = 1e-6 for the runs (lr 1e-3: 20x the 5e-8
+# measured) and STEP_ATOL = 1e-5 for the single step of dist_worker.py (lr
+# 1e-2: 1.4e-6 measured with a sharded base, whose full-sequence layout
+# rounds differently from one process's shared-prompt one; 3e-17 without).
+# A wrong sharding (a rank's shard dropped or counted twice) moves the rows
+# and the adapters by far more, and the companion tests below check that it
+# fails these comparisons.
 ATOL = 1e-6
+STEP_ATOL = 1e-5
 RTOL = 1e-6
 
 

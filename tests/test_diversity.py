@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from lora_triplay.rewards.diversity import (
+from lora_triplay.triplay.rewards.diversity import (
     AttackSuccessPool,
     EmbeddingPool,
     HashingEncoder,

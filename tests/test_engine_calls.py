@@ -5,9 +5,9 @@ wrapper around the HF engine (whose sleep is a no-op), so the call order
 the vLLM engine sees on a GPU is the one tested here."""
 from __future__ import annotations
 
-from lora_triplay import grpo
+from lora_triplay.core.session import Session
 from lora_triplay.recipe import build_recipe
-from lora_triplay.session import Session
+from lora_triplay.training import grpo
 
 
 class Recorder:
@@ -43,9 +43,9 @@ def test_wake_before_rollouts_sleep_before_updates(tmp_path, tiny_model_dir, mon
     monkeypatch.setattr(Session, "_make_engine", lambda self: Recorder(real_make(self), log))
     real_step = grpo.GrpoLearner.step
 
-    def recorded_step(self, samples):
+    def recorded_step(self, samples, *args, **kwargs):
         log.append(("update",))
-        return real_step(self, samples)
+        return real_step(self, samples, *args, **kwargs)
 
     monkeypatch.setattr(grpo.GrpoLearner, "step", recorded_step)
     recipe = build_recipe({
@@ -71,8 +71,9 @@ def test_wake_before_rollouts_sleep_before_updates(tmp_path, tiny_model_dir, mon
         elif call[0] == "update":
             assert awake is False, f"update while the engine is awake at call {i}: {log[max(0, i - 3): i + 1]}"
     # the trained adapter is synced after each update, before the next rollouts
-    phases = ["red", "red", "blue", "eval"]
-    for u, phase in zip(updates, phases[: len(updates)]):
+    # (by its adapter name: the engine serves names as given)
+    adapters = ["red", "red", "blue", "evaluator"]
+    for u, adapter in zip(updates, adapters[: len(updates)]):
         nxt = log[u + 1 :]
         first_gen = next((k for k, c in enumerate(nxt) if c[0] == "generate"), len(nxt))
-        assert ("sync", phase) in nxt[:first_gen]
+        assert ("sync", adapter) in nxt[:first_gen]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lora_triplay.core.store import atomic_write
 from lora_triplay.engine.base import Request, Sampling
 from lora_triplay.engine.hf import HFEngine
-from lora_triplay.grpo import Sample
 from lora_triplay.model import save_adapter
 from lora_triplay.recipe import LoraConfig
-from lora_triplay.store import atomic_write
+from lora_triplay.training.grpo import Sample
 from tests.reference import batch_tensors as _batch_tensors
 from tests.reference import token_logprobs
 
@@ -32,7 +32,7 @@ def _tokens(engine, adapter, messages):
 
 
 def test_mixed_batch_equals_separate_calls(engine):
-    names = ["base", "red", "blue", "eval"]
+    names = ["base", "red", "blue", "evaluator"]
     separate = {n: _tokens(engine, n, MSGS) for n in names}
     # The adapters really differ (random B), so equality below means routing works.
     assert len({str(v) for v in separate.values()}) == len(names)
@@ -71,7 +71,7 @@ def test_generation_logprobs_match_the_training_forward(engine, role_model):
 
 def test_forced_choice(engine):
     choices = ("Label: negative", "Label: rejective", "Label: positive")
-    reqs = [Request("eval", m, n=1, choices=choices) for m in MSGS]
+    reqs = [Request("evaluator", m, n=1, choices=choices) for m in MSGS]
     scores = engine.score_choices(reqs)
     out = engine.generate(reqs, GREEDY)
     for per_choice, comps in zip(scores, out):
@@ -80,7 +80,7 @@ def test_forced_choice(engine):
         assert comp.text == choices[totals.index(max(totals))]
         assert sum(comp.choice_probs) == pytest.approx(1.0)
         assert comp.token_ids[-1] in engine.eos_ids
-    sampled = engine.generate([Request("eval", MSGS[0], n=50, choices=choices)], Sampling(temperature=5.0))
+    sampled = engine.generate([Request("evaluator", MSGS[0], n=50, choices=choices)], Sampling(temperature=5.0))
     assert {c.text for c in sampled[0]} <= set(choices) and len({c.text for c in sampled[0]}) > 1
 
 
@@ -138,9 +138,9 @@ def test_shared_prefix_batches_equal_single_rows(engine):
             assert c.token_ids == alone.token_ids
             assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     choices = ("Label: negative", "Label: positive")
-    together = engine.score_choices([Request("eval", m, choices=choices) for m in SHARED])
+    together = engine.score_choices([Request("evaluator", m, choices=choices) for m in SHARED])
     for m, scores in zip(SHARED, together):
-        alone = engine.score_choices([Request("eval", m, choices=choices)])[0]
+        alone = engine.score_choices([Request("evaluator", m, choices=choices)])[0]
         for a, b in zip(scores, alone):
             assert a == pytest.approx(b, abs=1e-4)
 
@@ -155,7 +155,7 @@ def test_prefix_groups_share_one_batch_and_equal_single_rows(engine):
     reqs = [Request(a, [{"role": "system", "content": system}, {"role": "user", "content": q}])
             for system in (LONG_SYSTEM, OTHER_SYSTEM) for a, q in (("red", "first question"), ("blue", "another one"),
                                                                     ("red", "a third question, longer than the others"))]
-    reqs.append(Request("eval", [{"role": "user", "content": "no system prompt at all"}]))
+    reqs.append(Request("evaluator", [{"role": "user", "content": "no system prompt at all"}]))
     prompts = [engine.encode(r.messages) for r in reqs]
     assert len(engine._batches(prompts)) == 1
     names = [engine._peft_name(r.adapter) for r in reqs]
@@ -201,7 +201,7 @@ def test_decode_loop_equals_transformers_generate(engine, role_model, penalty):
     """Greedy tokens and raw log-probs equal transformers' generate (1e-4),
     rows of every adapter in one batch, repetition penalty included."""
     model, _ = role_model
-    reqs = [Request(a, m, n=2) for a in ("base", "red", "blue", "eval") for m in MSGS]
+    reqs = [Request(a, m, n=2) for a in ("base", "red", "blue", "evaluator") for m in MSGS]
     got = engine.generate(reqs, Sampling(max_new_tokens=12, temperature=0.0, repetition_penalty=penalty))
     for req, comps in zip(reqs, got):
         ref_tokens, ref_logp = _hf_generate(model, engine, req.adapter, req.messages, 12, do_sample=False,
@@ -219,7 +219,7 @@ def test_decode_loop_stops_rows_at_eos_and_keeps_the_rest(engine, role_model):
     model, _ = role_model
     eos = engine.eos_ids[0]
     head = model.get_output_embeddings()
-    reqs = [Request(a, m) for a in ("base", "red", "blue", "eval") for m in MSGS]
+    reqs = [Request(a, m) for a in ("base", "red", "blue", "evaluator") for m in MSGS]
     greedy = Sampling(max_new_tokens=12, temperature=0.0)
     head.bias = torch.nn.Parameter(torch.zeros(head.out_features), requires_grad=False)
     try:
@@ -266,8 +266,8 @@ def test_a_seeded_row_samples_the_same_however_it_is_batched(engine):
     assert [c.token_ids for c in both[1]] == [c.token_ids for c in alone[0]]
     assert len({tuple(c.token_ids) for c in both[1]}) > 1  # samples of one request differ
     choice = ("Label: negative", "Label: rejective", "Label: positive")
-    picks = engine.generate([Request("eval", MSGS[0], n=6, choices=choice), Request("eval", MSGS[1], n=6, choices=choice)], hot)
-    single = engine.generate([Request("eval", MSGS[1], n=6, choices=choice)], Sampling(max_new_tokens=8, temperature=1.0, seed=12))
+    picks = engine.generate([Request("evaluator", MSGS[0], n=6, choices=choice), Request("evaluator", MSGS[1], n=6, choices=choice)], hot)
+    single = engine.generate([Request("evaluator", MSGS[1], n=6, choices=choice)], Sampling(max_new_tokens=8, temperature=1.0, seed=12))
     assert [c.text for c in picks[1]] == [c.text for c in single[0]]
     torch.manual_seed(5)
     a = engine.generate([Request("red", MSGS[0], n=2)], Sampling(max_new_tokens=8, temperature=1.0))

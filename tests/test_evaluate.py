@@ -30,15 +30,10 @@ from lora_triplay.evaluate import (
     over_refusal_rate,
     parse_iterations,
 )
-from lora_triplay.judging.fixed import (
-    Case,
-    JudgeError,
-    OpenAIJudge,
-    RulesJudge,
-    make_judge,
-)
+from lora_triplay.judging.fixed import Case, JudgeError, OpenAIJudge, RulesJudge
 from lora_triplay.judging.refusals import refused
-from lora_triplay.rewards.diversity import HashingEncoder, output_diversity
+from lora_triplay.triplay.judges import make_judge
+from lora_triplay.triplay.rewards.diversity import HashingEncoder, output_diversity
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared benchmark data not found at {DATA}")
@@ -286,8 +281,8 @@ def _rows(out):
 @needs_data
 def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
     labelled = tmp_path / "labelled.jsonl"
-    labelled.write_text("".join(json.dumps({"prompt": "p", "response": r, "label": l}) + "\n"
-                                for r, l in [("I can't.", "refusal"), ("Step 1: ...", "unsafe"), ("Sure, here.", "safe")]))
+    labelled.write_text("".join(json.dumps({"prompt": "p", "response": r, "label": label}) + "\n"
+                                for r, label in [("I can't.", "refusal"), ("Step 1: ...", "unsafe"), ("Sure, here.", "safe")]))
     res, output = _eval(tiny_run, tmp_path / "results.json", "--limit", "4", "--defender", "base", "--defender", "blue",
                         "--eval-set", str(labelled))
     assert {"run", "judge", "limit", "started", "finished", "settings", "benchmarks", "red", "eval_accuracy", "work"} <= set(res)

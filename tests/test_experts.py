@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from lora_triplay.engine.base import Completion
-from lora_triplay.experts import ExpertPanel, majority, panel_summary
 from lora_triplay.judging.refusals import refused, rules_label
-from lora_triplay.recipe import ExpertsConfig
-from lora_triplay.roles import load_templates
+from lora_triplay.triplay.config import ExpertsConfig
+from lora_triplay.triplay.experts import ExpertPanel, majority, panel_summary
+from lora_triplay.triplay.roles import load_templates
 
 
 @pytest.mark.parametrize("text", [
@@ -151,7 +151,7 @@ def test_panel_on_the_tiny_model(role_model):
 def test_expert_models_from_a_local_folder(tiny_model_dir, role_model):
     """`experts.models` with another model: its experts vote beside self's."""
     from lora_triplay.engine.hf import HFEngine
-    from lora_triplay.experts import build_sources
+    from lora_triplay.triplay.experts import build_sources
 
     model, tok = role_model
     sources = build_sources(["self", tiny_model_dir], HFEngine(model, tok), "cpu", None)

@@ -20,8 +20,8 @@ MSGS = [
 
 @pytest.fixture()
 def engines(role_model, tmp_path):
+    from lora_triplay.core.store import atomic_write
     from lora_triplay.model import save_adapter
-    from lora_triplay.store import atomic_write
 
     model, tok = role_model
     fast = HFEngine(model, tok, lora=LoraConfig(rank=4, alpha=8))
@@ -33,7 +33,7 @@ def engines(role_model, tmp_path):
 
 
 def _requests():
-    return [Request(a, m, n=2) for a in ("base", "red", "blue", "eval", "blue@1") for m in MSGS]
+    return [Request(a, m, n=2) for a in ("base", "red", "blue", "evaluator", "blue@1") for m in MSGS]
 
 
 def test_fast_generate_equals_peft(engines):
@@ -50,7 +50,7 @@ def test_fast_generate_equals_peft(engines):
 def test_fast_choice_scores_equal_peft(engines):
     fast, slow = engines
     choices = ("Label: negative", "Label: rejective", "Label: positive")
-    reqs = [Request(a, m, choices=choices) for a in ("eval", "base", "blue@1") for m in MSGS]
+    reqs = [Request(a, m, choices=choices) for a in ("evaluator", "base", "blue@1") for m in MSGS]
     for x, y in zip(fast.score_choices(reqs), slow.score_choices(reqs)):
         for px, py in zip(x, y):
             assert max(abs(p - q) for p, q in zip(px, py)) < 1e-4

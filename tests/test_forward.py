@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from lora_triplay.errors import UserError
-from lora_triplay.forward import (
+from lora_triplay.model import activate
+from lora_triplay.recipe import GrpoConfig
+from lora_triplay.training.forward import (
     FULL,
     SHARED,
     choose_layout,
@@ -17,10 +19,8 @@ from lora_triplay.forward import (
     pack,
     padded_tokens,
 )
-from lora_triplay.grpo import GrpoLearner, Sample
-from lora_triplay.logprobs import LogprobComputer, chunked_logprobs
-from lora_triplay.model import activate
-from lora_triplay.recipe import GrpoConfig
+from lora_triplay.training.grpo import GrpoLearner, Sample
+from lora_triplay.training.logprobs import LogprobComputer, chunked_logprobs
 from tests.reference import naive_logprobs
 
 TOL = 1e-5
@@ -87,7 +87,7 @@ def test_chunked_logprobs_check_shapes():
 
 @pytest.mark.parametrize("layout,shared_system", [(SHARED, False), (SHARED, True), (FULL, False), (FULL, True)])
 def test_layouts_equal_the_naive_forward_and_its_gradient(role_model, layout, shared_system):
-    from lora_triplay.forward import common_prefix
+    from lora_triplay.training.forward import common_prefix
 
     model, tok = role_model
     params = activate(model, "red")

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from lora_triplay.distributed import Collective
-from lora_triplay.grpo import GrpoLearner, Sample, group_advantages
+from lora_triplay.core.distributed import Collective
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig
+from lora_triplay.training.grpo import GrpoLearner, Sample, group_advantages
 
 EPS = 1e-4
 

@@ -9,9 +9,14 @@ import math
 import pytest
 import torch
 
-from lora_triplay.grpo import GrpoLearner, Sample, assign_advantages, group_advantages
 from lora_triplay.model import activate
 from lora_triplay.recipe import GrpoConfig
+from lora_triplay.training.grpo import (
+    GrpoLearner,
+    Sample,
+    assign_advantages,
+    group_advantages,
+)
 
 EPS = 1e-4
 
@@ -88,7 +93,7 @@ def test_the_kl_estimate_is_clamped(role_model):
 
 
 def test_warmup_ramps_the_rate_and_survives_a_resume(role_model, tmp_path):
-    from lora_triplay.store import RunStore
+    from lora_triplay.core.store import RunStore
 
     model, tok = role_model
     params = activate(model, "blue")
@@ -117,7 +122,7 @@ def _first_char_refuses(text: str) -> bool | None:
 def _refusal_mass(session, prompts: list[str]) -> float:
     """Mean probability, under blue, that the first answer token is a
     refusal (by the scripted judge's rule)."""
-    from lora_triplay.roles import blue_messages
+    from lora_triplay.triplay.roles import blue_messages
 
     engine, model = session.engine, session.model
     tok = session.tokenizer
@@ -150,8 +155,8 @@ def test_blue_learns_the_sign_of_its_judge(roomy_tiny_model, tmp_path, kind):
     so refusals must become less likely (the harmful ones of that run are
     left unjudged, so only the benign sign trains). A judge with random
     labels moved the same measure by at most 0.08 (seeds 0-2, measured)."""
+    from lora_triplay.core.session import Session
     from lora_triplay.recipe import build_recipe
-    from lora_triplay.session import Session
 
     recipe = build_recipe({
         "model": {"base": roomy_tiny_model, "device": "cpu", "dtype": "float32"},

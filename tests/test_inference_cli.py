@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from lora_triplay.cli import app
+from lora_triplay.core.runs import snapshot_folder
+from lora_triplay.core.store import RunStore
 from lora_triplay.judging.parsing import LABELS
-from lora_triplay.recipe import ROLE_NAMES
-from lora_triplay.roles import blue_messages, load_techniques
-from lora_triplay.runs import snapshot_folder
-from lora_triplay.store import RunStore
+from lora_triplay.triplay.config import ROLE_NAMES
+from lora_triplay.triplay.roles import blue_messages, load_techniques
 
 RECIPE = """\
 model: {{base: "{base}", device: cpu, dtype: float32}}
@@ -117,7 +117,8 @@ def test_merged_logits_equal_peft_base_plus_adapter(tiny_run, exported, tiny_mod
 def test_export_folder_is_a_plain_hf_model(tiny_run, exported, tiny_model_dir):
     for role in ROLE_NAMES:
         folder = exported / role
-        for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "lora_triplay_export.json"):
+        for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                     "lora_triplay_export.json"):
             assert (folder / name).is_file(), (role, name)
         tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
         assert (folder / "chat_template.jinja").is_file() or tok_cfg.get("chat_template")
@@ -240,9 +241,9 @@ def test_play_json(tiny_run):
 def test_play_snapshot_selection_switches_weights(tiny_run, tiny_model_dir):
     """`--role blue@0 --role blue@1` loads two different weight sets: blue@0
     (untrained) computes exactly the base, blue@1 does not."""
+    from lora_triplay.core.runs import open_run
     from lora_triplay.engine.base import Sampling
     from lora_triplay.play import Selection, play_round, resolve_defenders
-    from lora_triplay.runs import open_run
 
     run = open_run(tiny_run, device="cpu")
     sel = Selection.from_specs(["blue@0", "blue@1", "red@1"], None)
@@ -250,7 +251,8 @@ def test_play_snapshot_selection_switches_weights(tiny_run, tiny_model_dir):
     defenders = resolve_defenders(run.recipe, sel, ["blue", "base", "blue@1"])
     assert defenders == ["blue@0", "blue@1", "base"]
     techniques = load_techniques()[:1]
-    result = play_round(run, ["how do I pick a lock"], sel=sel, defenders=defenders, techniques=techniques, sampling=Sampling(max_new_tokens=4, temperature=0))
+    result = play_round(run, ["how do I pick a lock"], sel=sel, defenders=defenders, techniques=techniques,
+                        sampling=Sampling(max_new_tokens=4, temperature=0))
     assert [d["adapter"] for d in result["results"][0]["defenders"]] == defenders
     assert {"blue@0", "blue@1", "red@1"} <= set(run.engine.adapters())
     ids = torch.tensor([_ids(tiny_model_dir)[0]])
@@ -325,9 +327,9 @@ def test_chat_through_stdin(tiny_run, monkeypatch):
 
 
 def test_chat_session_history_and_system_prompts(tiny_run):
+    from lora_triplay.core.runs import open_run
     from lora_triplay.engine.base import Sampling
     from lora_triplay.play import ChatSession
-    from lora_triplay.runs import open_run
 
     s = ChatSession(open_run(tiny_run, device="cpu"), "blue", Sampling(max_new_tokens=3, temperature=0))
     s.ask("hello")

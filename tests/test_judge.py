@@ -17,7 +17,7 @@ from lora_triplay.judging.parsing import (
     parse_verdict,
     strip_thinking,
 )
-from lora_triplay.roles import (
+from lora_triplay.triplay.roles import (
     eval_messages,
     expert_messages,
     load_templates,

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lora_triplay.cli import app
-from lora_triplay.league import (
+from lora_triplay.triplay.config import DefenderConfig
+from lora_triplay.triplay.league import (
     LeagueConfig,
     assign_writers,
     league_defenders,
@@ -16,7 +17,6 @@ from lora_triplay.league import (
     tally,
     win_rate,
 )
-from lora_triplay.recipe import DefenderConfig
 
 
 def test_member_weights():

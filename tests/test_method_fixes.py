@@ -10,13 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from lora_triplay.defenders import Defender, resolve
 from lora_triplay.engine.base import Completion
-from lora_triplay.experts import ExpertPanel
-from lora_triplay.loop import Phases
 from lora_triplay.recipe import build_recipe
-from lora_triplay.rewards import AttackSuccessPool, HashingEncoder
-from lora_triplay.rundata import RunData
+from lora_triplay.triplay.defenders import Defender, resolve
+from lora_triplay.triplay.experts import ExpertPanel
+from lora_triplay.triplay.game import TriPlay
+from lora_triplay.triplay.loop import Phases
+from lora_triplay.triplay.rewards import AttackSuccessPool, HashingEncoder
+from lora_triplay.triplay.rundata import RunData
 
 
 class Scripted:
@@ -42,9 +43,9 @@ class Scripted:
             if req.adapter == "red":
                 basic = user.rsplit("Basic request:", 1)[1].strip()
                 texts = [f"<prompt>wrapped: {basic}</prompt>"] * req.n
-            elif req.adapter == "eval" and "<<<BEGIN_BASIC>>>" in user:
+            elif req.adapter == "evaluator" and "<<<BEGIN_BASIC>>>" in user:
                 texts = ["Verdict: no" if "secret" in self._block(user, "BASIC") else "Verdict: yes"] * req.n
-            elif req.adapter == "eval":
+            elif req.adapter == "evaluator":
                 lab = self.label(self._block(user, "PROMPT"), self._block(user, "RESPONSE"))
                 texts = [f"Label: {lab}" if lab else "no idea"] * req.n
             elif req.choices:  # a prompted expert: abstains, the rule expert decides
@@ -63,9 +64,10 @@ def _session(engine, **recipe):
     r = build_recipe(base)
     state = {"cursor": 0, "benign_cursor": 0, "global_step": 0}
     panel = ExpertPanel(engine, r.experts, choice_mode=False)
-    s = SimpleNamespace(recipe=r, engine=engine, pool=AttackSuccessPool(HashingEncoder(), [3, 4, 5]),
-                        data=RunData(r, state, panel), state=state,
-                        defenders=[Defender("blue", "blue", 1.0), Defender("base", "base", 0.5)], attackers=[], blue_judge=None)
+    s = TriPlay(r)  # the game, without a session's model: a scripted engine answers
+    s.session = SimpleNamespace(engine=engine, state=state, store=None)
+    s.pool, s.data = AttackSuccessPool(HashingEncoder(), [3, 4, 5]), RunData(r, state, panel)
+    s.defenders, s.attackers, s.blue_judge = [Defender("blue", "blue", 1.0), Defender("base", "base", 0.5)], [], None
     return s, Phases(s)
 
 
@@ -74,8 +76,8 @@ def test_only_attacks_that_kept_their_goal_enter_the_pool():
     s.data.basic = [b.__class__(b.id, b.category, b.prompt + (" secret" if i % 2 else "")) for i, b in enumerate(s.data.basic)]
     result = phases.red_step(1, 1)
     assert result.metrics["asr_blue"] == 1.0  # every attack "worked"...
-    assert result.asp_rows and all("secret" not in row["basic"] for row in result.asp_rows)  # ...half dropped their goal
-    assert len(result.asp_rows) < len({row["basic"] for row in result.eval_rows})
+    assert result.rows['asp'] and all("secret" not in row["basic"] for row in result.rows['asp'])  # ...half dropped their goal
+    assert len(result.rows['asp']) < len({row["basic"] for row in result.rows['eval_pairs']})
 
 
 def test_red_is_scored_on_the_defenders_that_parsed():
@@ -94,7 +96,7 @@ def test_blue_trains_on_the_benign_stream_as_asked():
                       label=lambda p, r: "rejective" if r == refusal else "negative")
     s, phases = _session(engine, data={"benign_share": 0.5})
     result = phases.blue_step(1, 1)
-    kinds = [row["kind"] for row in result.eval_rows]
+    kinds = [row["kind"] for row in result.rows['eval_pairs']]
     assert kinds.count("benign") == kinds.count("harmful") == 4  # 2 prompts of each kind x group of 2
     benign_texts = {b.prompt for b in s.data.benign}
     asked = [r.messages[-1]["content"] for r in engine.requests if r.adapter == "blue"]
@@ -112,24 +114,25 @@ def test_blue_trains_on_the_benign_stream_as_asked():
 def test_eval_warm_start_labels_base_answers_and_trains():
     refusal = "I'm sorry, but I can't help with that."
     engine = Scripted(answer=lambda a, p: refusal if "wrapped" in p else "Here is a safe answer.")
-    s, phases = _session(engine, data={"benign_share": 0.25}, phases={"eval_warmup": {"steps": 2, "pairs": 8}},
+    s, phases = _session(engine, data={"benign_share": 0.25},  # the GRPO warm start on blue's own answers (sft and styles: test_eval_role)
+                         phases={"eval_warmup": {"steps": 2, "pairs": 8, "objective": "grpo", "answer_styles": ["blue"]}},
                          rewards={"judge_mode": "choice", "choice_rollouts": "sample"})
     result = phases.warmup_step(1, 1)
-    assert [row["kind"] for row in result.eval_rows].count("benign") == 4
-    assert all(row["phase"] == "eval_warmup" for row in result.eval_rows)
-    labels = {(row["kind"], row["panel_label"]) for row in result.panel_rows}
+    assert [row["kind"] for row in result.rows['eval_pairs']].count("benign") == 4
+    assert all(row["phase"] == "eval_warmup" for row in result.rows['eval_pairs'])
+    labels = {(row["kind"], row["panel_label"]) for row in result.rows['panel']}
     assert labels == {("harmful", "rejective"), ("benign", "positive")}  # the rule expert knows the provenance
     assert result.samples and {x.reward for x in result.samples} <= {0.0, 1.0}
-    assert [row["pair"] for row in result.eval_rows] == list(range(8))
-    s.data.commit(result.eval_rows, result.panel_rows)
+    assert [row["pair"] for row in result.rows['eval_pairs']] == list(range(8))
+    s.data.commit(result.rows['eval_pairs'], result.rows['panel'])
     later = phases.warmup_step(1, 2)  # later steps train on the labels, no new pairs
-    assert not later.eval_rows and later.samples and later.metrics["labelled_pairs"] == 8
+    assert not later.rows['eval_pairs'] and later.samples and later.metrics["labelled_pairs"] == 8
 
 
 @pytest.fixture()
 def run_store(tmp_path, role_model):
+    from lora_triplay.core.store import RunStore, atomic_write
     from lora_triplay.model import save_adapter
-    from lora_triplay.store import RunStore, atomic_write
 
     model, tok = role_model
     store = RunStore(tmp_path / "run").create()
@@ -151,7 +154,8 @@ def run_store(tmp_path, role_model):
 
 def test_relative_defenders_and_duplicates(run_store, role_model):
     from lora_triplay.engine.hf import HFEngine
-    from lora_triplay.recipe import DefenderConfig, LoraConfig
+    from lora_triplay.recipe import LoraConfig
+    from lora_triplay.triplay.config import DefenderConfig
 
     model, tok = role_model
     engine = HFEngine(model, tok, lora=LoraConfig(rank=4, alpha=8))
@@ -172,7 +176,8 @@ def test_balanced_sampling_draws_each_label_equally():
 
     for balance in (False, True):
         s, _ = _session(Scripted(), experts={"balance_classes": balance})
-        s.data.labelled = [{"panel_label": "positive", "pair": i} for i in range(90)] + [{"panel_label": "negative", "pair": 90 + i} for i in range(10)]
+        s.data.labelled = ([{"panel_label": "positive", "pair": i} for i in range(90)]
+                           + [{"panel_label": "negative", "pair": 90 + i} for i in range(10)])
         random.seed(0)
         got = [r["panel_label"] for _ in range(50) for r in s.data.sample_labelled_pairs(8)]
         share = got.count("negative") / len(got)

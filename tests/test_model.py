@@ -6,14 +6,9 @@ import json
 import pytest
 import torch
 
-from lora_triplay.model import (
-    ModelError,
-    load_adapter_weights,
-    read_adapter_state,
-    resolve_base,
-    save_adapter,
-)
-from lora_triplay.store import atomic_write
+from lora_triplay.bases import ModelError, resolve_base
+from lora_triplay.core.store import atomic_write
+from lora_triplay.model import load_adapter_weights, read_adapter_state, save_adapter
 
 
 @pytest.mark.parametrize("spec,needle", [

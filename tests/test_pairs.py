@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from lora_triplay.pairs import PairPool
+from lora_triplay.triplay.pairs import PairPool
 
 
 def _rows(iteration, n, start=0):

@@ -148,7 +148,7 @@ def test_fsdp_on_a_torch_without_ignored_params_is_one_line(monkeypatch):
     import torch.distributed.fsdp as fsdp
 
     from lora_triplay.errors import UserError
-    from lora_triplay.sharding import check_supported
+    from lora_triplay.training.sharding import check_supported
 
     check_supported()  # this torch has it
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, *, mesh=None: module)  # an older signature

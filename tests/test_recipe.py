@@ -240,24 +240,30 @@ def test_valid_defender_names(name: str):
 # ------------------------------------------------------ diff and dump
 
 def test_diff_recipes_lists_exactly_the_changed_keys():
-    old = Recipe()
+    old = build_recipe({})
     new = build_recipe({"phases": {"red": {"steps": 7}}, "grpo": {"lr": 3e-5}, "defenders": [{"name": "blue"}]})
     lines = diff_recipes(old, new)
     assert {line.split(":")[0] for line in lines} == {"phases.red.steps", "grpo.lr", "defenders"}
     assert "phases.red.steps: 200 -> 7" in lines
-    assert diff_recipes(old, Recipe()) == []
+    assert diff_recipes(old, build_recipe({})) == []
 
 
 def test_default_recipe_dump_round_trips():
-    text = Recipe().dump()
-    data = yaml.safe_load(text)
-    assert isinstance(data, dict) and "grpo" in data
-    assert build_recipe(data) == Recipe()
+    default = build_recipe({})
+    data = yaml.safe_load(default.dump())
+    assert isinstance(data, dict) and "grpo" in data and "phases" in data  # the core's sections and TriPlay's
+    assert build_recipe(data) == default
+
+
+def _game(data):
+    from lora_triplay.games import make_game
+
+    return make_game(build_recipe(data))
 
 
 def test_role_lr_prefers_the_phase_rate():
-    r = build_recipe({"grpo": {"lr": 1e-5}, "phases": {"eval": {"lr": 5e-5}}})
-    assert (r.role_lr("red"), r.role_lr("eval")) == (1e-5, 5e-5)
+    game = _game({"grpo": {"lr": 1e-5}, "phases": {"eval": {"lr": 5e-5}}})
+    assert (game.lr_of("red"), game.lr_of("eval")) == (1e-5, 5e-5)
 
 
 # --------------------------------------------------------------------- CLI
@@ -316,9 +322,8 @@ def test_cli_run_bad_override_exits_2(tmp_path: Path):
 
 
 def test_remote_code_is_off_unless_the_recipe_asks():
-    from lora_triplay.recipe import Recipe
 
-    assert Recipe().model.trust_remote_code is False
+    assert build_recipe({}).model.trust_remote_code is False
     for path in sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("*.yaml")):
         assert load_recipe(path).model.trust_remote_code is False, path
 
@@ -331,7 +336,8 @@ def test_quantization_on_cpu_is_refused_in_one_line(tmp_path: Path):
 
 
 def test_quantization_without_cuda_fails_at_load_in_one_line():
-    from lora_triplay.model import ModelError, quantization_config
+    from lora_triplay.bases import ModelError
+    from lora_triplay.model import quantization_config
     from lora_triplay.recipe import ModelConfig
 
     with pytest.raises(ModelError, match="CUDA only"):
@@ -339,7 +345,8 @@ def test_quantization_without_cuda_fails_at_load_in_one_line():
 
 
 def test_attention_auto_is_sdpa_on_cpu_and_flash_needs_cuda():
-    from lora_triplay.model import ModelError, pick_attention
+    from lora_triplay.bases import ModelError
+    from lora_triplay.model import pick_attention
     from lora_triplay.recipe import ModelConfig
 
     assert pick_attention(ModelConfig(), torch.device("cpu")) == "sdpa"
@@ -349,20 +356,22 @@ def test_attention_auto_is_sdpa_on_cpu_and_flash_needs_cuda():
 
 
 def test_one_judge_budget_with_defaults_that_fit_the_template():
+    from lora_triplay.games import make_game
+
     r = load_recipe(_recipe("14b"))
-    assert r.judge_budget() == r.rewards.judge_max_new_tokens == 512
-    assert r.max_new_tokens_of("eval") == 512  # eval's own rollouts answer the judge template
-    bare = build_recipe({"rewards": {"judge_mode": "generate"}})
-    assert bare.judge_budget() == 256  # the template's brief reasoning before `Label:`
-    assert build_recipe({"rewards": {"judge_mode": "generate"}, "model": {"enable_thinking": True}}).judge_budget() == 1024
+    game = make_game(r)
+    assert game.judge_budget() == r.rewards.judge_max_new_tokens == 512
+    assert game.max_new_tokens_of("eval") == 512  # eval's own rollouts answer the judge template
+    assert _game({"rewards": {"judge_mode": "generate"}}).judge_budget() == 256  # the template's brief reasoning before `Label:`
+    assert _game({"rewards": {"judge_mode": "generate"}, "model": {"enable_thinking": True}}).judge_budget() == 1024
     with pytest.raises(RecipeError, match="rewards.judge_max_new_tokens"):
         build_recipe({"phases": {"eval": {"max_new_tokens": 64}}})
 
 
 def test_per_phase_sampling_falls_back_to_grpo():
-    r = build_recipe({"grpo": {"max_new_tokens": 100, "group_size": 4, "temperature": 0.9},
-                      "phases": {"red": {"max_new_tokens": 30, "group_size": 8}, "blue": {"temperature": 0.7}},
-                      "rewards": {"judge_max_new_tokens": 16}})
+    r = _game({"grpo": {"max_new_tokens": 100, "group_size": 4, "temperature": 0.9},
+               "phases": {"red": {"max_new_tokens": 30, "group_size": 8}, "blue": {"temperature": 0.7}},
+               "rewards": {"judge_max_new_tokens": 16}})
     assert (r.max_new_tokens_of("red"), r.max_new_tokens_of("blue")) == (30, 100)
     assert (r.group_size_of("red"), r.group_size_of("blue")) == (8, 4)
     assert (r.temperature_of("red"), r.temperature_of("blue")) == (0.9, 0.7)

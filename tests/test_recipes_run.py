@@ -58,7 +58,9 @@ def test_recipe_runs_on_the_tiny_base(name, tiny32, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     warmup = [r for r in rows if r["phase"] == "eval_warmup"]
     assert len(warmup) == recipe.phases.eval_warmup.steps and all(r["iteration"] == 1 for r in warmup)
-    rows = [r for r in rows if r["phase"] != "eval_warmup"]
+    checks = {(r["phase"], r["after"]) for r in rows if r["phase"] in ("eval_heldout", "eval_gold")}
+    assert checks <= {("eval_heldout", "eval_warmup"), ("eval_heldout", "eval")}  # eval's held-out check, after each of its phases
+    rows = [r for r in rows if r["phase"] in ("red", "blue", "eval")]
     assert [(r["iteration"], r["phase"]) for r in rows] == [(it, p) for it in (1, 2) for p in ("red", "blue", "eval")]
     log = proc.stdout + proc.stderr
     expected = "full_sequence" if recipe.model.gradient_checkpointing else "shared_prompt"

@@ -5,7 +5,12 @@ import math
 
 import pytest
 
-from lora_triplay.rewards import attack_succeeded, blue_reward, eval_reward, red_reward
+from lora_triplay.triplay.rewards import (
+    attack_succeeded,
+    blue_reward,
+    eval_reward,
+    red_reward,
+)
 
 R = {"negative": 1.0, "rejective": 0.0, "positive": 0.0}
 W = {"blue": 1.0, "base": 0.5}
@@ -81,7 +86,7 @@ def test_eval_reward():
 
 def test_expected_value_rewards_from_class_probabilities():
     # Soft labels (choice mode): R = sum_c p(c) R[c].
-    from lora_triplay.rewards import blue_reward, class_value, red_reward
+    from lora_triplay.triplay.rewards import blue_reward, class_value, red_reward
 
     probs = {"negative": 0.5, "rejective": 0.3, "positive": 0.2}
     assert class_value(probs, {"negative": -1.0, "rejective": 0.0, "positive": 1.0}) == pytest.approx(-0.3)

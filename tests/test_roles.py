@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lora_triplay.judging.parsing import parse_label, parse_verdict
-from lora_triplay.roles import (
+from lora_triplay.triplay.roles import (
     ROLES,
     BasicPrompt,
     SeedDataError,

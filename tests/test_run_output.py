@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_triplay.progress import closing_note
+from lora_triplay.core.progress import closing_note
 from lora_triplay.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -59,7 +59,7 @@ def test_gguf_reader_bar_follows_transformers_switch(capsys):
     from transformers import modeling_gguf_pytorch_utils as gguf
     from transformers.utils import logging as hf_logging
 
-    from lora_triplay.model import _gguf_bar_follows_transformers
+    from lora_triplay.bases import _gguf_bar_follows_transformers
 
     hf_logging.disable_progress_bar()
     try:

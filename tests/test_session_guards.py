@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora_triplay import loop
+from lora_triplay.core.session import RunError, Session
 from lora_triplay.recipe import build_recipe
-from lora_triplay.session import RunError, Session
+from lora_triplay.triplay import loop
 
 
 def _recipe(base):

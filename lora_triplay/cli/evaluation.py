@@ -19,14 +19,18 @@ from .common import (
 
 def eval_command(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="run folder written by `lora-triplay run`"),
-    benchmark: List[str] = typer.Option([], "--benchmark", "-b", help="NAME=PATH or NAME=FORMAT:PATH (formats: harmbench, jbb, jbb-harmful, jbb-benign, xstest, strongreject, generic, generic-benign); repeatable"),
+    benchmark: List[str] = typer.Option([], "--benchmark", "-b", help="NAME=PATH or NAME=FORMAT:PATH (formats: harmbench, jbb, jbb-harmful, "
+                                                                      "jbb-benign, xstest, strongreject, generic, generic-benign); repeatable"),
     out: Path = typer.Option(..., "--out", "-o", help="aggregated results JSON; per-item results go to OUT.items.jsonl"),
     iterations: str = typer.Option("all", "--iterations", help="all, latest, or N,M,... (blue always adds base as iteration 0)"),
-    judge: str = typer.Option("rules", "--judge", help="rules, panel (a fixed expert panel on the bare base), eval, eval@N, or openai:MODEL@URL (key from LORA_TRIPLAY_JUDGE_API_KEY or OPENAI_API_KEY)"),
+    judge: str = typer.Option("rules", "--judge", help="rules, panel (a fixed expert panel on the bare base), eval, eval@N, "
+                                                       "or openai:MODEL@URL (key from LORA_TRIPLAY_JUDGE_API_KEY or OPENAI_API_KEY)"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N items of each benchmark, red prompt set and eval set"),
-    defender: List[str] = typer.Option(["base"], "--defender", help="red's fixed defenders: base, blue (latest), blue@N, openai:MODEL@URL; repeatable"),
+    defender: List[str] = typer.Option(["base"], "--defender", help="red's fixed defenders: base, blue (latest), "
+                                                                    "blue@N, openai:MODEL@URL; repeatable"),
     red_prompts: Optional[str] = typer.Option(None, "--red-prompts", help="basic prompts for red (default: the first benchmark's harmful items)"),
-    eval_set: Optional[str] = typer.Option(None, "--eval-set", help="labelled CSV/JSONL with prompt, response, label (negative|unsafe, rejective|refusal, positive|safe)"),
+    eval_set: Optional[str] = typer.Option(None, "--eval-set", help="labelled CSV/JSONL with prompt, response, label "
+                                                                    "(negative|unsafe, rejective|refusal, positive|safe)"),
     roles: str = typer.Option("blue,red,eval", "--roles", help="which roles to measure"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="answer length (default: the recipe's grpo.max_new_tokens)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (reproducible)"),
@@ -37,13 +41,16 @@ def eval_command(
     fresh: bool = typer.Option(False, "--fresh", help="delete OUT.items.jsonl and compute everything again"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
     debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="processes on this machine, through `accelerate launch`: each generates its share of every batch"),
-    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: recipes/accelerate/2proc-1node.yaml)"),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="processes on this machine, through `accelerate launch`: "
+                                                        "each generates its share of every batch"),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: "
+                                                                                       "recipes/accelerate/2proc-1node.yaml)"),
 ) -> None:
     """Measure a run's snapshots: blue's ASR and over-refusal on benchmarks, red's ASR
     against fixed defenders and its output diversity, eval's accuracy.
 
-    Example: `lora-triplay eval adapters/run -b jbb=data/jbb/harmful-behaviors.csv -b xstest=data/xstest/xstest_prompts.csv --limit 50 --out results.json`
+    Example:
+    `lora-triplay eval adapters/run -b jbb=data/jbb/harmful-behaviors.csv -b xstest=data/xstest/xstest_prompts.csv --limit 50 --out results.json`
     """
     from rich.console import Console
 
@@ -123,7 +130,7 @@ def report_command(
 
     Example: `lora-triplay report adapters/run --eval results.json --out adapters/run/report`
     """
-    
+
     try:
         from ..report import make_report
 

@@ -16,20 +16,21 @@ import typer
 from .common import USER_ERRORS, fail, quiet
 
 RUN_DIR_ARG = typer.Argument(..., metavar="RUN_DIR", help="a run folder written by `lora-triplay run`, e.g. adapters/smoke-demo")
-ITERATION_OPT = typer.Option(None, "--iteration", "-i", min=0, help="use the snapshots of iteration N (`<role>/iter-NNNN`; 0 = untrained); default: the latest weights")
+ITERATION_OPT = typer.Option(None, "--iteration", "-i", min=0, help="use the snapshots of iteration N (`<role>/iter-NNNN`; "
+                                                                    "0 = untrained); default: the latest weights")
 DEBUG_OPT = typer.Option(False, "--debug", help="show Python tracebacks")
 
 
 def _check_run_dir(run_dir: Path) -> None:
-    from ..model import ModelError
+    from ..bases import ModelError
 
     if not run_dir.is_dir():
         raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote (e.g. adapters/smoke-demo)")
 
 
 def _open(run_dir: Path, iteration: Optional[int], device: Optional[str]):
-    from ..model import ModelError
-    from ..runs import open_run
+    from ..bases import ModelError
+    from ..core.runs import open_run
 
     _check_run_dir(run_dir)
     if device not in (None, "auto", "cpu", "cuda"):
@@ -45,7 +46,8 @@ def _open(run_dir: Path, iteration: Optional[int], device: Optional[str]):
 
 def export(
     run_dir: Path = RUN_DIR_ARG,
-    role: str = typer.Option(..., "--role", "-r", help="`red`, `blue`, `eval`, a snapshot such as `blue@3`, or `all` (writes OUT/red, OUT/blue, OUT/eval)"),
+    role: str = typer.Option(..., "--role", "-r", help="`red`, `blue`, `eval`, a snapshot such as `blue@3`, "
+                                                       "or `all` (writes OUT/red, OUT/blue, OUT/eval)"),
     out: Path = typer.Option(..., "--out", "-o", help="folder to write (created through a temp folder and a rename)"),
     iteration: Optional[int] = ITERATION_OPT,
     force: bool = typer.Option(False, "--force", help="replace OUT if it exists and is not empty"),
@@ -80,11 +82,15 @@ def export(
 def play(
     run_dir: Path = RUN_DIR_ARG,
     requests: Optional[List[str]] = typer.Argument(None, metavar="[REQUEST]...", help='basic requests for red to wrap, e.g. "how do I pick a lock"'),
-    from_file: Optional[Path] = typer.Option(None, "--from-file", "-f", help="more requests: a .txt (one per line) or a .jsonl/.csv with a prompt column (HarmBench, JailbreakBench...)"),
-    column: Optional[str] = typer.Option(None, "--column", help="the request column of a .jsonl/.csv --from-file (default: the first of prompt, goal, Behavior...)"),
+    from_file: Optional[Path] = typer.Option(None, "--from-file", "-f", help="more requests: a .txt (one per line) or a .jsonl/.csv "
+                                                                             "with a prompt column (HarmBench, JailbreakBench...)"),
+    column: Optional[str] = typer.Option(None, "--column", help="the request column of a .jsonl/.csv --from-file "
+                                                                "(default: the first of prompt, goal, Behavior...)"),
     iteration: Optional[int] = ITERATION_OPT,
-    role: List[str] = typer.Option([], "--role", help="use a role's snapshot, e.g. `--role red@2 --role eval@2`; repeat `--role blue@N` to make several blue snapshots defend side by side"),
-    defender: List[str] = typer.Option([], "--defender", help="set the defenders (repeatable): `blue`, `base` or `blue@N`; default: the recipe's `defenders`"),
+    role: List[str] = typer.Option([], "--role", help="use a role's snapshot, e.g. `--role red@2 --role eval@2`; "
+                                                      "repeat `--role blue@N` to make several blue snapshots defend side by side"),
+    defender: List[str] = typer.Option([], "--defender", help="set the defenders (repeatable): `blue`, "
+                                                              "`base` or `blue@N`; default: the recipe's `defenders`"),
     technique: Optional[str] = typer.Option(None, "--technique", "-t", help="wrapping technique by name (default: a seeded random one per request)"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="per answer (default: the recipe's grpo.max_new_tokens)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (reproducible)"),
@@ -108,6 +114,7 @@ def play(
     """
     quiet(debug)
     try:
+        from ..core.runs import read_run_recipe
         from ..engine.base import Sampling
         from ..play import (
             Selection,
@@ -117,8 +124,7 @@ def play(
             render_table,
             resolve_defenders,
         )
-        from ..roles import load_techniques
-        from ..runs import read_run_recipe
+        from ..triplay.roles import load_techniques
 
         _check_run_dir(run_dir)
         texts = load_requests(requests or [], from_file, column)
@@ -135,7 +141,7 @@ def play(
         sel = Selection.from_specs(role, iteration)
         defenders = resolve_defenders(recipe, sel, defender)
         if not defender:  # the recipe may name snapshots this run has not reached: skip them, as training does
-            from ..store import RunStore
+            from ..core.store import RunStore
 
             have = RunStore(run_dir).snapshots("blue")
             missing = [d for d in defenders if "@" in d and d not in sel.blues and int(d.split("@")[1]) not in have]
@@ -159,9 +165,11 @@ def play(
 
 def chat(
     run_dir: Path = RUN_DIR_ARG,
-    role: str = typer.Option("blue", "--role", "-r", help="the adapter to talk to: red, blue, eval, base (adapters off) or a snapshot such as blue@3"),
+    role: str = typer.Option("blue", "--role", "-r", help="the adapter to talk to: red, blue, eval, base "
+                                                          "(adapters off) or a snapshot such as blue@3"),
     iteration: Optional[int] = ITERATION_OPT,
-    system: Optional[str] = typer.Option(None, "--system", help="system prompt (default: blue's training system prompt for blue, none for the others)"),
+    system: Optional[str] = typer.Option(None, "--system", help="system prompt (default: "
+                                                                "blue's training system prompt for blue, none for the others)"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="per answer (default: the recipe's grpo.max_new_tokens)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy; e.g. 0.7 for varied answers"),
     seed: int = typer.Option(0, "--seed"),
@@ -182,9 +190,9 @@ def chat(
     try:
         import torch
 
+        from ..core.snapshots import parse_role
         from ..engine.base import Sampling
         from ..play import ChatSession, chat_loop
-        from ..snapshots import parse_role
 
         parse_role(role)  # a bad --role fails before the model loads
         _check_run_dir(run_dir)
@@ -211,7 +219,8 @@ def chat(
 
 def serve(
     run_dir: Path = RUN_DIR_ARG,
-    vllm_args: Optional[List[str]] = typer.Argument(None, metavar="[-- VLLM_ARGS]...", help="passed to vLLM after `--`, e.g. `-- --gpu-memory-utilization 0.8`"),
+    vllm_args: Optional[List[str]] = typer.Argument(None, metavar="[-- VLLM_ARGS]...", help="passed to vLLM after `--`, "
+                                                                                            "e.g. `-- --gpu-memory-utilization 0.8`"),
     iteration: Optional[int] = ITERATION_OPT,
     role: List[str] = typer.Option([], "--role", help="also serve a snapshot as its own model, e.g. `--role blue@3` (repeatable)"),
     host: str = typer.Option("127.0.0.1", "--host"),
@@ -228,7 +237,8 @@ def serve(
     command and how to install vLLM, and exits with code 2.
 
     Example: `lora-triplay serve adapters/smoke-demo --port 8000`, then
-    `curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "blue", "messages": [{"role": "user", "content": "hi"}]}'`
+    `curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json'
+    -d '{"model": "blue", "messages": [{"role": "user", "content": "hi"}]}'`
 
     Example: `lora-triplay serve adapters/my-run --iteration 2 --role blue@1 --dry-run`
     """
@@ -280,8 +290,8 @@ def serve(
 
 
 def _run_game(run_dir: Path):
+    from ..core.runs import read_run_recipe
     from ..games import make_game
-    from ..runs import read_run_recipe
 
     _check_run_dir(Path(run_dir))
     return make_game(read_run_recipe(run_dir))

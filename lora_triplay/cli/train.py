@@ -32,13 +32,15 @@ def _relaunch(nproc: int, config: Optional[Path], recipe_path: Path, overrides: 
 def run(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/smoke.yaml"),
     overrides: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE]...", help="dotted overrides, e.g. phases.red.steps=1 iterations=2"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default: `<run.root>/<recipe>-<date>-<time>`, e.g. adapters/smoke-20261201-081500)"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default: `<run.root>/<recipe>-<date>-<time>`, "
+                                                                   "e.g. adapters/smoke-20261201-081500)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --run-dir from its last completed step"),
     allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="on --resume, accept a recipe that differs from the saved one"),
     skip_plan_check: bool = typer.Option(False, "--skip-plan-check", help="on CUDA, start even if `plan` says the recipe does not fit"),
     debug: bool = typer.Option(False, "--debug", help="show Python tracebacks"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="processes on this machine, through `accelerate launch` (data parallel)"),
-    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: recipes/accelerate/2proc-1node.yaml)"),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config for --nproc (default: "
+                                                                                       "recipes/accelerate/2proc-1node.yaml)"),
 ) -> None:
     """Train the game's roles in turn with GRPO (TriPlay: red, blue, eval; `game:` in the recipe).
 
@@ -59,7 +61,7 @@ def run(
             flags = [f for f, on in (("--resume", resume), ("--allow-recipe-change", allow_recipe_change),
                                      ("--skip-plan-check", skip_plan_check), ("--debug", debug)) if on]
             _relaunch(nproc, accelerate_config, recipe_path, list(overrides or []), folder, flags)
-        from ..progress import run_with_progress
+        from ..core.progress import run_with_progress
 
         run_with_progress(recipe, folder, resume=resume, allow_recipe_change=allow_recipe_change, check_plan=not skip_plan_check,
                           quiet=follower)

@@ -29,7 +29,7 @@ from functools import partial
 
 import torch
 
-from ..precision import widened
+from ..training.precision import widened
 
 DECODE_ATTENTION = "lora_triplay_decode"
 

@@ -22,10 +22,9 @@ from typing import Sequence
 
 import torch
 
-from ..forward import MIN_SHARED_PREFIX, common_prefix
-from ..precision import widened
-from ..roles import adapter_name
-from ..sharding import Lockstep, is_sharded
+from ..training.forward import MIN_SHARED_PREFIX, common_prefix
+from ..training.precision import widened
+from ..training.sharding import Lockstep, is_sharded
 from . import fastpath
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
 
@@ -61,34 +60,29 @@ class HFEngine(ChatTokens):
 
     # ------------------------------------------------------------- adapters
     def _peft_name(self, name: str) -> str:
+        """The PEFT adapter of a request: the name as given (the game names
+        its adapters), or PEFT's base for `base`."""
         if name == BASE:
             return PEFT_BASE
         if not hasattr(self.model, "peft_config"):
             raise KeyError(f"adapter {name!r}: this engine serves a plain model (base only)")
-        internal = adapter_name(name)
-        if internal not in self.model.peft_config:
+        if name not in self.model.peft_config:
             known = ", ".join(self.adapters())
             raise KeyError(f"adapter {name!r} is not loaded; known: {known}")
-        return internal
+        return name
 
     def adapters(self) -> list[str]:
-        inverse = {"evaluator": "eval"}
-        names = []
-        for internal in getattr(self.model, "peft_config", {}):
-            head, _, tail = internal.partition("@")
-            names.append(inverse.get(head, head) + (f"@{tail}" if tail else ""))
-        return [BASE] + names
+        return [BASE] + list(getattr(self.model, "peft_config", {}))
 
     def load_adapter(self, name: str, folder: str) -> None:
         from ..model import add_frozen_adapter
 
-        add_frozen_adapter(self.model, adapter_name(name), Path(folder), self.lora)
+        add_frozen_adapter(self.model, name, Path(folder), self.lora)
 
     def remove_adapter(self, name: str) -> None:
         """Drop a frozen snapshot adapter (roles stay)."""
-        internal = adapter_name(name)
-        if "@" in internal and internal in getattr(self.model, "peft_config", {}):
-            self.model.delete_adapter(internal)
+        if "@" in name and name in getattr(self.model, "peft_config", {}):
+            self.model.delete_adapter(name)
 
     def sync_adapter(self, name: str) -> None:
         """The trainer updates these very tensors: nothing to copy."""

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from ..distributed import Collective
+from ..core.distributed import Collective
 from ..errors import UserError
 from .base import Completion, Request, Sampling
 

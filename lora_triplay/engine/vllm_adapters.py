@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..roles import adapter_name, role_name
 from .base import BASE
 
 log = logging.getLogger(__name__)
@@ -54,11 +53,6 @@ class _Served:
 class AdapterServing:
     """Adapter bookkeeping of VLLMEngine (which sets llm, trainer, base_path,
     _served, _ids, _tmp, _sleeping, _pending_removals, _LoRARequest)."""
-
-    @staticmethod
-    def _key(name: str) -> str:
-        """User-facing name: "evaluator@3" and "eval@3" -> "eval@3"."""
-        return role_name(adapter_name(name))
 
     def adapters(self) -> list[str]:
         return [BASE] + [n for n in self._served if n != BASE]
@@ -95,12 +89,10 @@ class AdapterServing:
         """Serve the trainer's current weights of role `name` (a new version)."""
         if self.trainer is None:
             raise RuntimeError("sync_adapter needs the trainer model: build the engine with trainer=... or from_session")
-        internal = adapter_name(name)
-        if internal not in self.trainer.peft_config:
+        if name not in self.trainer.peft_config:
             raise KeyError(f"adapter {name!r} is not in the trainer; known: {sorted(self.trainer.peft_config)}")
-        key = self._key(name)
-        folder = self._save_trainer_adapter(internal, self._tmp / f"{internal}.v{next(self._ids)}")
-        self._register(key, folder)
+        folder = self._save_trainer_adapter(name, self._tmp / f"{name}.v{next(self._ids)}")
+        self._register(name, folder)
 
     def load_adapter(self, name: str, folder: str) -> None:
         """Serve a frozen adapter folder (e.g. a `blue@3` snapshot). The files
@@ -113,20 +105,18 @@ class AdapterServing:
         limit = self.llm.llm_engine.vllm_config.lora_config.max_lora_rank
         if rank is not None and rank > limit:
             raise UserError(f"{src}: adapter rank {rank} exceeds this engine's max_lora_rank {limit}")
-        key = self._key(name)
-        dest = self._tmp / f"{adapter_name(name)}.v{next(self._ids)}"
+        dest = self._tmp / f"{name}.v{next(self._ids)}"
         dest.mkdir(parents=True)
         for f in ("adapter_model.safetensors", "adapter_config.json"):
             shutil.copy2(src / f, dest / f)
-        self._register(key, dest)
+        self._register(name, dest)
 
     def remove_adapter(self, name: str) -> None:
         """Stop serving a frozen snapshot adapter (roles stay)."""
-        key = self._key(name)
-        served = self._served.get(key)
-        if served is None or "@" not in key:
+        served = self._served.get(name)
+        if served is None or "@" not in name:
             return
-        del self._served[key]
+        del self._served[name]
         if self._sleeping:
             self._pending_removals.append(served.version)
         else:
@@ -134,7 +124,7 @@ class AdapterServing:
         self._retire_folder(served.folder)
 
     def _lora(self, name: str):
-        served = self._served.get(self._key(name))
+        served = self._served.get(name)
         if served is None:
             raise KeyError(f"adapter {name!r} is not loaded; known: {', '.join(self.adapters())}")
         return served.request

@@ -15,8 +15,8 @@ import os
 
 import torch
 
+from ..bases import ModelError
 from ..errors import UserError
-from ..model import ModelError
 
 INSTALL_HINT = (
     "engine.backend = 'vllm' needs vLLM: `pip install -e .[vllm]` on GPU machines "

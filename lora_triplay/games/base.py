@@ -26,6 +26,13 @@ class NoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class NoSections(BaseModel):
+    """A game without top-level recipe sections of its own (its settings are
+    `game_config`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
 @dataclass
 class StepResult:
     """One step of a phase: what the phase's role trains on (GRPO samples
@@ -52,6 +59,8 @@ class Game:
     roles: ClassVar[dict[str, str]] = {}
     jsonl: ClassVar[tuple[str, ...]] = ()  # the game's files beside metrics.jsonl
     Config: ClassVar[type[BaseModel]] = NoConfig
+    # top-level recipe sections the game adds to the core's (recipe.recipe_class)
+    Sections: ClassVar[type[BaseModel]] = NoSections
     # metrics worth a column, by phase: the step log line and the closing table
     headline: ClassVar[dict[str, tuple[str, ...]]] = {}
     # protocols `serve` exposes as one model name (pipelines.py): name -> what it does
@@ -84,6 +93,27 @@ class Game:
 
     def max_new_tokens_of(self, role: str) -> int:
         return self.recipe.grpo.max_new_tokens
+
+    def prompts_of(self, role: str) -> int:
+        return self.recipe.grpo.prompts_per_step
+
+    def group_size_of(self, role: str) -> int:
+        return self.recipe.grpo.group_size
+
+    def temperature_of(self, role: str) -> float:
+        return self.recipe.grpo.temperature
+
+    def longest_completion(self) -> int:
+        """The longest rollout a role writes (memory planning)."""
+        return max(self.max_new_tokens_of(role) for role in self.roles)
+
+    def largest_batch(self) -> int:
+        """Completions in the largest GRPO step (memory planning)."""
+        return max(self.prompts_of(role) * self.group_size_of(role) for role in self.roles)
+
+    def extra_adapters(self) -> int:
+        """Adapters served beside the roles' (past snapshots): memory planning, vLLM's LoRA slots."""
+        return 0
 
     def initial_state(self) -> dict[str, Any]:
         """The game's keys in a new run's `state.json`."""

@@ -32,9 +32,10 @@ from importlib import resources
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.base import Request, Sampling
-from ..grpo import Sample, group_advantages
-from ..judging.fixed import Case, is_endpoint, make_judge
-from ..roles import load_basic_prompts
+from ..judging.fixed import Case, is_endpoint
+from ..training.grpo import Sample, group_advantages
+from ..triplay.judges import make_judge
+from ..triplay.roles import load_basic_prompts
 from .base import Game, StepResult
 
 CONVERSATION = "You are a helpful assistant. Help with safe requests; decline unsafe ones briefly and offer safe guidance."
@@ -144,7 +145,7 @@ class Waltz(Game):
     def __init__(self, recipe):
         super().__init__(recipe)
         harmful = [p.prompt for p in load_basic_prompts("builtin")]
-        benign = [p.prompt for p in load_basic_prompts(str(resources.files("lora_triplay").joinpath("prompts/benign_prompts.jsonl")))]
+        benign = [p.prompt for p in load_basic_prompts(str(resources.files("lora_triplay.triplay").joinpath("prompts/benign_prompts.jsonl")))]
         rng = random.Random(f"{recipe.seed}:waltz:heldout")
         rng.shuffle(harmful)
         rng.shuffle(benign)
@@ -227,7 +228,8 @@ class Waltz(Game):
                         samples.append(Sample(rev.prompt_ids, rev.token_ids, len(prompts) + len(samples), r1, advantage=r1 - r0))
         metrics = self._metrics(prompts, flat, parsed, first_v, final_v, samples)
         rows = [{"iteration": iteration, "phase": phase, "step": step, "kind": prompts[g][1], "prompt": prompts[g][0], "answer": c.text,
-                 "feedback": (JSON_START if cfg.json_prefix else "") + fcs[0].text, "final": fin[0]} for (g, c), fcs, fin in zip(flat, fcomps, finals)]
+                 "feedback": (JSON_START if cfg.json_prefix else "") + fcs[0].text, "final": fin[0]}
+                for (g, c), fcs, fin in zip(flat, fcomps, finals)]
         return StepResult(samples, metrics, {"dialogues": rows})
 
     def _metrics(self, prompts, flat, parsed, first, final_v, samples) -> dict[str, float]:
@@ -254,8 +256,8 @@ class Waltz(Game):
         answers = [cs[0].text for cs in engine.generate([Request("conversation", _convo(p)) for p, _ in prompts],
                                                         Sampling(max_new_tokens=self.config.max_new_tokens, temperature=temperature))]
         fcomps, parsed, revisions = self.collaborate(prompts, answers, 1)
-        return [{"request": p, "answer": a, "feedback": (JSON_START if self.config.json_prefix else "") + f[0].text, "unsafe": fb[0].unsafe, "overrefusal": fb[0].overrefusal,
-                 "revised": rev[0] is not None, "final": rev[0].text if rev[0] is not None else a}
+        return [{"request": p, "answer": a, "feedback": (JSON_START if self.config.json_prefix else "") + f[0].text, "unsafe": fb[0].unsafe,
+                 "overrefusal": fb[0].overrefusal, "revised": rev[0] is not None, "final": rev[0].text if rev[0] is not None else a}
                 for (p, _), a, f, fb, rev in zip(prompts, answers, fcomps, parsed, revisions)]
 
     pipelines = {"waltz": "the conversation agent answers, the feedback agent reviews, one revision where it flags the answer"}

@@ -18,7 +18,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from ..recipe import LABELS  # noqa: E402 (re-exported: the parsers' default classes)
+# eval's three classes (method.md): every module takes them from here
+LABELS = ("negative", "rejective", "positive")
 
 PARSE_ERRORS = ("empty", "no_label", "multiple_labels", "only_in_thinking", "truncated")
 # eval's answers in choice mode (rewards.judge_mode: choice): one label line each

@@ -12,7 +12,7 @@ MODE = os.environ.get("LORA_TRIPLAY_WRONG_SHARD")
 if MODE in ("dropped", "doubled"):
     import torch
 
-    import lora_triplay.sharding as sharding
+    import lora_triplay.training.sharding as sharding
 
     right = sharding.shard_base
 

@@ -51,7 +51,7 @@ def closing_note(recipe) -> str | None:
     """What to expect from the closing table where a new user first meets it:
     TriPlay on the embedded 135M model (`make demo`), whose numbers look like
     a failure unless told that they are expected at this size."""
-    from .model import EMBEDDED
+    from ..bases import EMBEDDED
 
     if recipe.model.base != EMBEDDED or recipe.game != "triplay":
         return None
@@ -63,7 +63,7 @@ def closing_note(recipe) -> str | None:
 
 def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True,
                       quiet: bool = False) -> None:
-    from .games import game_class
+    from ..games import game_class
     from .session import Session
 
     headline = game_class(recipe.game).headline

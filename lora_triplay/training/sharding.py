@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from .distributed import Collective
-from .errors import UserError
+from ..core.distributed import Collective
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .distributed import Collective
-from .errors import UserError
-from .faults import crash_point
-from .games import StepResult, make_game
-from .grpo import GrpoLearner
-from .logprobs import LogprobComputer, logit_transform
-from .model import (
+from ..errors import UserError
+from ..games import StepResult, make_game
+from ..model import (
     activate,
     adapter_parameters,
     load_adapter_weights,
@@ -33,13 +29,17 @@ from .model import (
     pick_device,
     save_adapter,
 )
-from .recipe import (
+from ..recipe import (
     Recipe,
     RecipeError,
     build_recipe,
     diff_recipes,
 )
-from .sharding import is_sharded
+from ..training.grpo import GrpoLearner
+from ..training.logprobs import LogprobComputer, logit_transform
+from ..training.sharding import is_sharded
+from .distributed import Collective
+from .faults import crash_point
 from .store import FollowerStore, RunStore, restore_rng, rng_state
 from .trackers import Trackers, check_installed
 
@@ -72,7 +72,7 @@ def check_fits_gpu(recipe: Recipe, world: int = 1) -> None:
     one of `world` GPUs sharing the base)."""
     if pick_device(recipe.model).type != "cuda":
         return
-    from .plan import PlanError, make_plan
+    from ..plan import PlanError, make_plan
 
     total = torch.cuda.get_device_properties(0).total_memory / 1e9
     try:
@@ -161,7 +161,7 @@ class Session:
         log.info("base %s loaded with %d adapters in %.1fs (game %s)", r.model.base, len(game.roles), time.perf_counter() - t0, game.name)
         self.engine = self._make_engine()
         if self.collective.world > 1:
-            from .engine.sharded import ShardedEngine
+            from ..engine.sharded import ShardedEngine
 
             tp = r.engine.tensor_parallel_size if r.engine.backend == "vllm" else 1
             self.engine = ShardedEngine(self.engine, self.collective, group=tp)
@@ -187,10 +187,10 @@ class Session:
         r = self.recipe
         chat_kwargs = {"enable_thinking": r.model.enable_thinking}
         if r.engine.backend == "vllm":
-            from .engine.vllm import VLLMEngine  # noqa: PLC0415 (optional dependency)
+            from ..engine.vllm import VLLMEngine  # noqa: PLC0415 (optional dependency)
 
             return VLLMEngine.from_session(self, chat_kwargs)
-        from .engine.hf import HFEngine
+        from ..engine.hf import HFEngine
 
         return HFEngine(self.model, self.tokenizer, chat_kwargs=chat_kwargs, max_batch_size=r.engine.max_batch_size, lora=r.lora)
 
@@ -205,7 +205,7 @@ class Session:
             load_adapter_weights(self.model, adapter, folder, expect_rank=self.recipe.lora.rank)
             store.load_optimizer(folder, self.learners[role].optimizer)
             self.learners[role].nonfinite_in_a_row = st["nonfinite"][role]
-            self.engine.sync_adapter(role)
+            self.engine.sync_adapter(adapter)
             store.prune(role, keep=folder)  # checkpoints written after the last commit
         self.game.restore(store)
         restore_rng(st["rng"])
@@ -296,7 +296,7 @@ class Session:
                     "lower grpo.lr or raise grpo.max_grad_norm; the adapters on disk are from the last good step"
                 )
         if stats is not None and not stats.skipped:
-            self.engine.sync_adapter(role)  # vLLM: new adapter version; hf: shared weights
+            self.engine.sync_adapter(self.game.roles[role])  # vLLM: new adapter version; hf: shared weights
         t3 = time.perf_counter()
         st["step"] += 1
         st["global_step"] += 1  # names this step's checkpoint folder

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .recipe import RecipeError
+from ..recipe import RecipeError
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .errors import UserError
+from ..errors import UserError
 from .precision import widened
 
 log = logging.getLogger(__name__)

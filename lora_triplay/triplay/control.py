@@ -46,6 +46,11 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def phase_steps(recipe, phase: str) -> int:
+    """A phase's steps as the recipe sets them (the warm start's are its own)."""
+    return recipe.phases.eval_warmup.steps if phase == "eval_warmup" else getattr(recipe.phases, phase).steps
+
+
 class PhaseControl:
     """Decides phase lengths; `state["phase_steps"]` holds every override."""
 
@@ -56,7 +61,7 @@ class PhaseControl:
 
     # ---------------------------------------------------------------- steps
     def steps(self, iteration: int, phase: str) -> int:
-        return self.state["phase_steps"].get(f"{iteration}:{phase}", self.recipe.phase_steps(phase))
+        return self.state["phase_steps"].get(f"{iteration}:{phase}", phase_steps(self.recipe, phase))
 
     def _set(self, iteration: int, phase: str, steps: int) -> None:
         self.state["phase_steps"][f"{iteration}:{phase}"] = steps

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import UserError
+from ...errors import UserError
 
 Encoder = Callable[[list[str]], np.ndarray]
 

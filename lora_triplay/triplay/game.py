@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import logging
 
-from .. import defenders as defender_set
-from .. import league
-from ..control import PhaseControl
-from ..experts import ExpertPanel, build_sources
-from ..loop import Phases
-from ..model import ROLE_ADAPTERS
-from ..recipe import ROLE_NAMES, DefenderConfig
-from ..rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
-from ..rundata import RunData
-from .base import Game, StepResult
+from ..games.base import Game, StepResult
+from . import config, league
+from . import defenders as defender_set
+from .config import ROLE_NAMES, DefenderConfig, TriPlaySections
+from .control import PhaseControl
+from .experts import ExpertPanel, build_sources
+from .loop import Phases
+from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
+from .roles import ROLE_ADAPTERS
+from .rundata import RunData
 
 log = logging.getLogger(__name__)
 PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval"}  # whose adapter a phase trains
@@ -29,6 +29,7 @@ PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval
 class TriPlay(Game):
     name = "triplay"
     roles = dict(ROLE_ADAPTERS)
+    Sections = TriPlaySections
     jsonl = ("asp", "eval_pairs", "panel", "transcripts")
     headline = {
         "red": ("reward_mean", "asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "entropy"),
@@ -39,7 +40,7 @@ class TriPlay(Game):
 
     # ---------------------------------------------------------- structure
     def phases_of(self, iteration: int) -> list[str]:
-        return self.recipe.phases_of(iteration)
+        return config.phases_of(self.recipe, iteration)
 
     def role_of(self, phase: str) -> str:
         return PHASE_ROLE[phase]
@@ -51,10 +52,27 @@ class TriPlay(Game):
         return phase in ROLE_NAMES  # the warm start is part of iteration 1, not a snapshot of its own
 
     def lr_of(self, role: str) -> float:
-        return self.recipe.role_lr(role)
+        return config.role_lr(self.recipe, role)
 
     def max_new_tokens_of(self, role: str) -> int:
-        return self.recipe.max_new_tokens_of(role)
+        return config.max_new_tokens_of(self.recipe, role)
+
+    def prompts_of(self, role: str) -> int:
+        return config.prompts_of(self.recipe, role)
+
+    def group_size_of(self, role: str) -> int:
+        return config.group_size_of(self.recipe, role)
+
+    def temperature_of(self, role: str) -> float:
+        return config.temperature_of(self.recipe, role)
+
+    def judge_budget(self) -> int:
+        return config.judge_budget(self.recipe)
+
+    def extra_adapters(self) -> int:
+        """Past blues as defenders (`blue@N`) and the league's members."""
+        r = self.recipe
+        return sum(1 for d in r.defenders if "@" in d.name) + 2 * r.league.size
 
     def initial_state(self) -> dict:
         return {"cursor": 0, "benign_cursor": 0}
@@ -67,7 +85,7 @@ class TriPlay(Game):
         self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
         device = next(session.model.parameters()).device
         sources = build_sources(r.experts.models, session.engine, device, session.model.dtype, r.model.trust_remote_code)
-        self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=r.judge_budget(),
+        self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=self.judge_budget(),
                                  choice_mode=r.rewards.judge_mode == "choice", sources=sources)
         self.data = RunData(r, session.state, self.panel)
         self.model_defenders = defender_set.model_sources(r.defenders, session.engine, device, session.model.dtype,
@@ -85,7 +103,7 @@ class TriPlay(Game):
             return None
         if spec == "panel":
             return lambda cases: [x.label for x in self.panel.label([(c.prompt, c.response, c.expected) for c in cases])]
-        from ..judging.fixed import make_judge
+        from .judges import make_judge
 
         return make_judge(spec)
 

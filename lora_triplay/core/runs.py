@@ -12,13 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from .model import (
-    ModelError,
-    add_frozen_adapter,
-    load_adapter_weights,
-    load_role_model,
-)
-from .recipe import Recipe, build_recipe
+from ..bases import ModelError
+from ..model import add_frozen_adapter, load_adapter_weights, load_role_model
+from ..recipe import Recipe, build_recipe
 from .snapshots import parse_role
 from .store import RunStore
 
@@ -27,21 +23,36 @@ from .store import RunStore
 class OpenRun:
     recipe: Recipe
     store: RunStore
-    model: object  # PeftModel with red / blue / evaluator (+ snapshots)
+    model: object  # PeftModel with the game's role adapters (+ snapshots)
     tokenizer: object
     engine: object  # HFEngine
     base_path: str
+    roles: dict[str, str]  # the game's role -> adapter name (TriPlay: eval -> evaluator)
+
+    def adapter(self, name: str) -> str:
+        """What the engine serves a user's name as: `eval@2` -> `evaluator@2`
+        (the game's adapter names), `base` as it is."""
+        head, at, tail = name.partition("@")
+        return self.roles.get(head, head) + at + tail
+
+    def loaded(self) -> list[str]:
+        """The user's names of what the engine serves (`evaluator@2` -> `eval@2`)."""
+        inverse = {adapter: role for role, adapter in self.roles.items()}
+        return [inverse.get(a.partition("@")[0], a.partition("@")[0]) + a.partition("@")[1] + a.partition("@")[2]
+                for a in self.engine.adapters()]
 
     def ensure(self, name: str) -> str:
-        """Make adapter `name` (`blue`, `eval@2`, `base`...) servable; return it."""
-        if name == "base" or name in self.engine.adapters():
-            return name
+        """Make `name` (`blue`, `eval@2`, `base`...) servable; return the
+        engine's adapter name for it."""
+        adapter = self.adapter(name)
+        if name == "base" or adapter in self.engine.adapters():
+            return adapter
         role, it = parse_role(name, allow_base=False)
         if it is None:
             raise ModelError(f"adapter {name!r} is not loaded; name a snapshot such as {role}@1")
         folder = snapshot_folder(self.store, role, it)
-        self.engine.load_adapter(name, str(folder))
-        return name
+        self.engine.load_adapter(adapter, str(folder))
+        return adapter
 
 
 def snapshot_folder(store: RunStore, role: str, iteration: int | None) -> Path:
@@ -68,8 +79,8 @@ def read_run_recipe(run_dir: Path) -> Recipe:
 def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None = None, world: int = 1) -> OpenRun:
     """Load base + the game's role adapters at `iteration` (None = latest);
     `world` processes share a sharded base where the recipe asks (model.fsdp)."""
-    from .engine.hf import HFEngine
-    from .games import game_class
+    from ..engine.hf import HFEngine
+    from ..games import game_class
 
     run_dir = Path(run_dir)
     recipe = read_run_recipe(run_dir)
@@ -86,7 +97,7 @@ def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None 
         chat_kwargs={"enable_thinking": recipe.model.enable_thinking},
         max_batch_size=recipe.engine.max_batch_size, lora=recipe.lora,
     )
-    return OpenRun(recipe, store, model, tokenizer, engine, base_path)
+    return OpenRun(recipe, store, model, tokenizer, engine, base_path, dict(roles))
 
 
 __all__ = ["OpenRun", "open_run", "read_run_recipe", "snapshot_folder", "add_frozen_adapter"]

@@ -19,8 +19,8 @@ import yaml
 
 from lora_triplay.judging.parsing import data_block, escape_control_tokens
 
-from .errors import UserError
-from .tables import columns, parse_jsonl, read_rows
+from ..errors import UserError
+from ..tables import columns, parse_jsonl, read_rows
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,10 @@ ROLES: dict[str, Role] = {
     "blue": Role("blue", "blue", "defender: answers prompts, refusing what is unsafe with safe constructive guidance"),
     "eval": Role("eval", "evaluator", "evaluator: classifies a (prompt, response) as negative, rejective or positive"),
 }
+
+
+ROLE_ADAPTERS = {name: role.adapter for name, role in ROLES.items()}  # TriPlay's game.roles
+EVAL = ROLE_ADAPTERS["eval"]  # what the engine serves eval as
 
 
 def adapter_name(role_or_request_name: str) -> str:
@@ -85,7 +89,7 @@ _TEMPLATE_KEYS = (
 
 @functools.lru_cache(maxsize=1)
 def _templates() -> dict[str, Any]:
-    text = resources.files("lora_triplay").joinpath("prompts/templates.yaml").read_text(encoding="utf-8")
+    text = resources.files("lora_triplay.triplay").joinpath("prompts/templates.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     missing = [k for k in (*_TEMPLATE_KEYS, "safety_experts", "utility_experts") if k not in data]
     if missing:  # a packaging or editing mistake, not a user error
@@ -106,7 +110,7 @@ ID_COLUMNS = ("id", "BehaviorID", "traceid")
 
 
 def _builtin(name: str) -> tuple[str, str]:
-    return f"<builtin {name}>", resources.files("lora_triplay").joinpath(f"prompts/{name}").read_text(encoding="utf-8")
+    return f"<builtin {name}>", resources.files("lora_triplay.triplay").joinpath(f"prompts/{name}").read_text(encoding="utf-8")
 
 
 def _read_rows(path: str | Path) -> tuple[str, list[dict[str, Any]]]:

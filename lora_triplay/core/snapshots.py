@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import UserError
+from ..errors import UserError
 
 ROLES = ("red", "blue", "eval")
 _SPEC = re.compile(r"^([a-z][a-z_]*)(?:@(-?\d+))?$")
@@ -20,7 +20,7 @@ _SPEC = re.compile(r"^([a-z][a-z_]*)(?:@(-?\d+))?$")
 
 def _known_roles() -> set[str]:
     """Every role of every game (games/): `attacker@2` names a Taboo snapshot."""
-    from .games import available, game_class
+    from ..games import available, game_class
 
     return {role for name in available() for role in game_class(name).roles}
 

@@ -24,10 +24,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .engine.base import BASE, Request, Sampling
-from .judging.parsing import parse_verdict
-from .judging.refusals import refused, rules_label
-from .recipe import LABELS
+from ..engine.base import BASE, Request, Sampling
+from ..judging.parsing import LABELS, parse_verdict
+from ..judging.refusals import refused, rules_label
 from .roles import expert_messages, load_templates
 
 SELF = "self"
@@ -72,7 +71,7 @@ class EndpointSource:
     """Prompted experts answered by an OpenAI-compatible endpoint (free text)."""
 
     def __init__(self, spec: str):
-        from .judging.fixed import ChatEndpoint
+        from ..judging.fixed import ChatEndpoint
 
         self.endpoint = ChatEndpoint(spec)
         self.name = self.endpoint.name
@@ -86,9 +85,10 @@ def load_model_source(spec: str, device, dtype, trust_remote_code: bool = False)
     """A frozen expert model from a local folder or a cached hub id."""
     from transformers import AutoModelForCausalLM
 
-    from .engine.hf import HFEngine
-    from .model import ModelError, load_tokenizer, resolve_base
-    from .recipe import ModelConfig
+    from ..bases import ModelError, resolve_base
+    from ..engine.hf import HFEngine
+    from ..model import load_tokenizer
+    from ..recipe import ModelConfig
 
     path = resolve_base(spec)
     try:
@@ -103,7 +103,7 @@ def load_model_source(spec: str, device, dtype, trust_remote_code: bool = False)
 
 
 def build_sources(specs: Sequence[str], engine, device=None, dtype=None, trust_remote_code: bool = False) -> list:
-    from .judging.fixed import is_endpoint
+    from ..judging.fixed import is_endpoint
 
     out = []
     for spec in specs:

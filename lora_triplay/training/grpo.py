@@ -37,12 +37,12 @@ from typing import Sequence
 
 import torch
 
+from ..core.distributed import Collective
+from ..core.faults import crash_point
+from ..recipe import GrpoConfig
 from . import supervised
-from .distributed import Collective
-from .faults import crash_point
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
 from .logprobs import LogprobComputer, logit_transform
-from .recipe import GrpoConfig
 from .sharding import is_sharded
 from .supervised import ChoiceExample
 

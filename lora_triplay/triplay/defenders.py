@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .snapshots import parse_spec
+from ..core.snapshots import parse_spec
 
 log = logging.getLogger(__name__)
 ZERO = "zero-adapter"  # the fingerprint of `base` and of any all-zero adapter

@@ -27,8 +27,8 @@ def load_gold_pairs(path: str) -> list[dict]:
     """`experts.gold_pairs`: JSONL rows with prompt, response and label."""
     import json
 
-    from .errors import UserError
-    from .recipe import LABELS
+    from ..errors import UserError
+    from ..judging.parsing import LABELS
 
     rows = []
     for n, line in enumerate(Path(path).expanduser().read_text(encoding="utf-8").splitlines(), 1):
@@ -57,7 +57,7 @@ class RunData:
             if r.data.benign_prompts == "builtin":
                 from importlib import resources
 
-                path = str(resources.files("lora_triplay").joinpath("prompts/benign_prompts.jsonl"))
+                path = str(resources.files("lora_triplay.triplay").joinpath("prompts/benign_prompts.jsonl"))
             else:
                 path = r.data.benign_prompts
             self.benign = load_basic_prompts(path)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 import time
 
-from .engine.base import Completion, Request
-from .grpo import Sample
-from .judging.parsing import LABEL_CHOICES, extract_wrapped_prompt, parse_label
-from .recipe import LABELS
+from ..engine.base import Completion, Request
+from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
+from ..training.grpo import Sample
+from ..training.supervised import ChoiceExample
+from .results import mean, rates, reward_stats, step_result
 from .rewards import eval_reward
-from .roles import eval_messages, red_messages, styled_blue_messages
-from .supervised import ChoiceExample
+from .roles import EVAL, eval_messages, red_messages, styled_blue_messages
 
 ECE_BINS = 10
 
@@ -56,14 +56,14 @@ class EvalSteps:
         self.p = phases
 
     @property
-    def s(self):
-        return self.p.s
+    def game(self):
+        return self.p.game
 
     # ------------------------------------------------------------- steps
     def step(self, iteration: int, step: int):
-        s, r = self.s, self.s.recipe
+        game, r = self.game, self.game.recipe
         t0 = time.perf_counter()
-        panel_rows, panel_metrics = s.data.label_new_pairs(r.experts.pairs_per_step or 2 * r.prompts_of("eval"))
+        panel_rows, panel_metrics = game.data.label_new_pairs(r.experts.pairs_per_step or 2 * self.game.prompts_of("eval"))
         self.p.timings["panel"] = time.perf_counter() - t0
         return self.train(iteration, step, panel_rows, panel_metrics, "eval")
 
@@ -72,14 +72,14 @@ class EvalSteps:
         the untrained blue (= the base) answers them and benign requests in
         each of `answer_styles`, the panel labels every pair. Every step:
         eval learns them (`phases.eval_warmup.objective`)."""
-        s, r = self.s, self.s.recipe
+        game, r = self.game, self.game.recipe
         cfg = r.phases.eval_warmup
         panel_rows, panel_metrics, eval_rows = [], {}, []
         if step == 1:
             t0 = time.perf_counter()
             n = max(cfg.pairs // len(cfg.answer_styles), 1)
-            benign = s.data.next_benign(n // 2 if s.data.benign else 0)
-            items = s.data.next_seed_items(n - len(benign))
+            benign = game.data.next_benign(n // 2 if game.data.benign else 0)
+            items = game.data.next_seed_items(n - len(benign))
             wraps = self.p.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.p.sampling["red"])
             prompts = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
             prompts += [(b.prompt, b.prompt, "benign") for b in benign]
@@ -90,33 +90,31 @@ class EvalSteps:
                  "style": style, "iteration": iteration, "phase": "eval_warmup", "step": step}
                 for (p, style), a in zip(asked, answers)
             ]
-            panel_rows, panel_metrics = s.data.label_fresh(eval_rows)
+            panel_rows, panel_metrics = game.data.label_fresh(eval_rows)
             self.p.timings["panel"] = time.perf_counter() - t0
         result = self.train(iteration, step, panel_rows, panel_metrics, "eval_warmup")
-        result.eval_rows = eval_rows
+        result.rows["eval_pairs"] = eval_rows
         return result
 
     def train(self, iteration, step, panel_rows, panel_metrics, phase):
-        from .loop import StepResult, _mean, _rates, _reward_stats
-
-        s, r = self.s, self.s.recipe
+        game, r = self.game, self.game.recipe
         objective = (r.phases.eval_warmup if phase == "eval_warmup" else r.phases.eval).objective
-        batch = s.data.sample_labelled_pairs(r.prompts_of("eval"))
+        batch = game.data.sample_labelled_pairs(self.game.prompts_of("eval"))
         if not batch:
-            return StepResult([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics},
-                              panel_rows=panel_rows)
+            return step_result([], {"reward_mean": 0.0, "reward_std": 0.0, "dropped": 0.0, "labelled_pairs": 0.0, **panel_metrics},
+                               panel=panel_rows)
         samples, preds, comps, metrics = [], [], [], {}
         if "grpo" in objective:
             samples, preds, comps = self._grpo_samples(batch)
-            metrics.update(_reward_stats([x.reward for x in samples]), **self.p._set_advantages(samples))
+            metrics.update(reward_stats([x.reward for x in samples]), **self.p._set_advantages(samples))
         examples = self.examples(batch) if objective.startswith("sft") else []
         if examples and not preds and self.p.choice:  # what eval would answer now, before the update
             preds = [judged(p) for p in self._choice_probs([self._request(x) for x in batch])]
         if preds:
-            metrics["accuracy"] = _mean([eval_reward(p, x["panel_label"]) for p, x in zip(preds, batch)])
+            metrics["accuracy"] = mean([eval_reward(p, x["panel_label"]) for p, x in zip(preds, batch)])
             metrics["judge_malformed"] = float(sum(p is None for p in preds))
-            metrics.update(_rates(preds, "pred_rate_"))
-        metrics.update({"labelled_pairs": float(s.data.labelled_count()), **_rates([p["panel_label"] for p in batch], "gold_rate_"),
+            metrics.update(rates(preds, "pred_rate_"))
+        metrics.update({"labelled_pairs": float(game.data.labelled_count()), **rates([p["panel_label"] for p in batch], "gold_rate_"),
                         **panel_metrics})
         transcripts = [
             {"phase": phase, "iteration": iteration, "step": step, "panel_label": p["panel_label"],
@@ -124,15 +122,15 @@ class EvalSteps:
             for p, cs, pred in list(zip(batch, comps or [[]] * len(batch), preds or [None] * len(batch)))[: r.run.transcripts]
         ]
         smoothing = r.phases.eval.label_smoothing if phase == "eval" else 0.0
-        return StepResult(samples, metrics, panel_rows=panel_rows, transcripts=transcripts, examples=examples, smoothing=smoothing)
+        return step_result(samples, metrics, panel=panel_rows, transcripts=transcripts, examples=examples, smoothing=smoothing)
 
     def _request(self, pair: dict, n: int = 1) -> Request:
-        return Request("eval", eval_messages(pair["prompt"], pair["response"]), n=n, choices=LABEL_CHOICES if self.p.choice else None)
+        return Request(EVAL, eval_messages(pair["prompt"], pair["response"]), n=n, choices=LABEL_CHOICES if self.p.choice else None)
 
     def examples(self, batch: list[dict]) -> list[ChoiceExample]:
         """The batch as supervised examples: every label string (choice mode)
         or the panel's label line alone (generate mode), the panel's the gold."""
-        engine = self.s.engine
+        engine = self.game.engine
         out = []
         for pair in batch:
             prompt = engine.encode(eval_messages(pair["prompt"], pair["response"]))
@@ -142,8 +140,8 @@ class EvalSteps:
         return out
 
     def _grpo_samples(self, batch: list[dict]):
-        r = self.s.recipe
-        reqs = [self._request(p, r.group_size_of("eval")) for p in batch]
+        r = self.game.recipe
+        reqs = [self._request(p, self.game.group_size_of("eval")) for p in batch]
         enumerate_ = self.p.choice and r.rewards.choice_rollouts == "enumerate"
         comps = self._enumerate_choices(reqs) if enumerate_ else self.p.generate("eval", reqs, self.p.sampling["eval"])
         samples, preds = [], []
@@ -158,7 +156,7 @@ class EvalSteps:
     def _scores(self, reqs: list[Request]) -> list[list[list[float]]]:
         """Each choice's token log-probs, per request (one engine call, timed)."""
         t0 = time.perf_counter()
-        out = self.s.engine.score_choices(reqs)
+        out = self.game.engine.score_choices(reqs)
         self.p.timings["eval"] = self.p.timings.get("eval", 0.0) + time.perf_counter() - t0
         return out
 
@@ -170,12 +168,12 @@ class EvalSteps:
         others): the group's advantages never vanish, unlike G samples from
         a peaked choice distribution, and the update is the exact
         group-relative one over the whole choice set."""
-        engine = self.s.engine
+        engine = self.game.engine
         out = []
         for req, per_choice in zip(reqs, self._scores(reqs)):
             probs = _softmax([sum(lp) for lp in per_choice])
             prompt = engine.encode(req.messages)
-            out.append([Completion("eval", choice, prompt, engine.choice_ids(choice), lp, True, sample_index=k, choice_probs=probs)
+            out.append([Completion(EVAL, choice, prompt, engine.choice_ids(choice), lp, True, sample_index=k, choice_probs=probs)
                         for k, (choice, lp) in enumerate(zip(req.choices, per_choice))])
         return out
 
@@ -184,15 +182,15 @@ class EvalSteps:
         """Eval on the pairs kept out of its training (`eval_heldout`; its
         calibration error goes to the state, for soft labels) and on the
         recipe's gold file (`eval_gold`): one metrics row each."""
-        s = self.s
+        game = self.game
         rows = []
-        held = s.data.heldout_pairs()
+        held = game.data.heldout_pairs()
         if held:
             rows.append(self._check(iteration, after, "eval_heldout", held, [x["panel_label"] for x in held]))
             if "ece" in rows[-1]:
-                s.state["eval_ece"] = rows[-1]["ece"]
-        if s.data.gold:
-            rows.append(self._check(iteration, after, "eval_gold", s.data.gold, [x["label"] for x in s.data.gold]))
+                game.state["eval_ece"] = rows[-1]["ece"]
+        if game.data.gold:
+            rows.append(self._check(iteration, after, "eval_gold", game.data.gold, [x["label"] for x in game.data.gold]))
         return rows
 
     def _check(self, iteration: int, after: str, phase: str, pairs: list[dict], gold: list[str]) -> dict:

@@ -10,27 +10,28 @@ is the method.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
-from .engine.base import Request, Sampling
+from ..core.faults import crash_point
+from ..engine.base import Request, Sampling
+from ..games.base import StepResult
+from ..judging.fixed import Case
+from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
+from ..judging.quality import degenerate
+from ..judging.refusals import refused
+from ..training.grpo import Sample, assign_advantages
+from .config import DefenderConfig
 from .eval_steps import EvalSteps
-from .faults import crash_point
-from .grpo import Sample, assign_advantages
-from .judging.fixed import Case
-from .judging.parsing import LABEL_CHOICES, extract_wrapped_prompt, parse_label
-from .judging.quality import degenerate
-from .judging.refusals import refused
 from .league import assign_writers, league_defenders, tally
-from .recipe import LABELS, DefenderConfig
+from .results import mean, rates, reward_stats, step_result
 from .rewards import (
     attack_succeeded,
     blue_reward,
     diversity_penalty,
     red_reward,
 )
-from .roles import blue_messages, eval_messages, red_messages, semantic_messages
+from .roles import EVAL, blue_messages, eval_messages, red_messages, semantic_messages
 
 SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 
@@ -52,66 +53,28 @@ class RedRollout:
     subs: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class StepResult:
-    """What a phase step hands back to the session for GRPO and storage."""
-
-    samples: list[Sample]
-    metrics: dict[str, float]
-    asp_rows: list[dict] = field(default_factory=list)
-    eval_rows: list[dict] = field(default_factory=list)
-    panel_rows: list[dict] = field(default_factory=list)
-    transcripts: list[dict] = field(default_factory=list)
-    examples: list = field(default_factory=list)  # eval's supervised objective (supervised.py)
-    smoothing: float = 0.0
-
-    def jsonl_rows(self) -> dict[str, list[dict]]:
-        """Rows per run-folder file (games/triplay.py's `jsonl`)."""
-        return {"asp": self.asp_rows, "eval_pairs": self.eval_rows, "panel": self.panel_rows, "transcripts": self.transcripts}
-
-
-def _mean(xs) -> float:
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def _rates(labels, prefix: str) -> dict[str, float]:
-    """The label distribution of one judge call batch (what eval said)."""
-    judged = [x for x in labels if x is not None]
-    return {f"{prefix}{c}": judged.count(c) / max(len(judged), 1) for c in LABELS}
-
-
-def _reward_stats(rewards: list[float | None]) -> dict[str, float]:
-    kept = [r for r in rewards if r is not None]
-    return {
-        "reward_mean": _mean(kept),
-        "reward_std": statistics.pstdev(kept) if len(kept) > 1 else 0.0,
-        "dropped": float(len(rewards) - len(kept)),
-    }
-
-
 class Phases:
-    """The phase steps. Needs a session with: recipe, engine, state, pool
+    """The phase steps. Needs the game (game.py) with: recipe, engine, state, pool
     (attack success pool), data (rundata.RunData), defenders (this red
     phase's, see defenders.py), attackers (this blue phase's league
     members writing prompts, see league.py; empty without a league) and
     blue_judge (None: the eval adapter labels blue's answers; else a fixed
     judge, `rewards.blue_judge`)."""
 
-    def __init__(self, session):
-        self.s = session
+    def __init__(self, game):
+        self.game = game
         self.timings: dict[str, float] = {}
-        r = session.recipe
+        r = game.recipe
         # Each role samples with its own budget (phases.<role>.*, else grpo.*):
         # red's rewrites are short, blue's answers long. Defenders answer with
         # blue's budget. Judging is greedy within the judge budget; eval's own
         # rollouts answer the same template, so they get the same budget.
         self.sampling = {
-            role: Sampling(max_new_tokens=r.max_new_tokens_of(role), temperature=r.temperature_of(role),
+            role: Sampling(max_new_tokens=game.max_new_tokens_of(role), temperature=game.temperature_of(role),
                            top_p=r.grpo.top_p, repetition_penalty=r.grpo.repetition_penalty)
             for role in ("red", "blue", "eval")
         }
-        self.judge_sampling = Sampling(max_new_tokens=r.judge_budget(), temperature=0.0)
+        self.judge_sampling = Sampling(max_new_tokens=game.judge_budget(), temperature=0.0)
         self.choice = r.rewards.judge_mode == "choice"
         self.evals = EvalSteps(self)
 
@@ -132,9 +95,9 @@ class Phases:
         """Whether rewards use eval's class probabilities: `rewards.soft_labels`,
         with `auto` only while eval's last held-out check found it calibrated
         (never before the first check)."""
-        rw = self.s.recipe.rewards
+        rw = self.game.recipe.rewards
         if rw.soft_labels == "auto":
-            ece = self.s.state.get("eval_ece")
+            ece = self.game.state.get("eval_ece")
             return ece is not None and ece <= rw.max_ece
         return bool(rw.soft_labels)
 
@@ -143,10 +106,10 @@ class Phases:
         `rewards.blue_judge`: the eval adapter (with soft labels in choice
         mode), or a fixed judge (rules, the panel, an endpoint: hard labels;
         an unparsed one is dropped)."""
-        if self.s.blue_judge is None:
+        if self.game.blue_judge is None:
             return self.judge([(p, r) for p, r, _ in cases])
         t0 = time.perf_counter()
-        labels = self.s.blue_judge([Case(p, r, kind) for p, r, kind in cases])
+        labels = self.game.blue_judge([Case(p, r, kind) for p, r, kind in cases])
         self.timings["judge"] = self.timings.get("judge", 0.0) + time.perf_counter() - t0
         return labels, labels, sum(lab is None for lab in labels)
 
@@ -160,10 +123,10 @@ class Phases:
         todo = list(range(len(messages)))
         sampling = self.judge_sampling
         use_probs = self.choice and self.soft_labels()
-        for _ in range(self.s.recipe.rewards.judge_retries + 1):
+        for _ in range(self.game.recipe.rewards.judge_retries + 1):
             if not todo:
                 break
-            reqs = [Request("eval", messages[i], 1, choices if self.choice else None) for i in todo]
+            reqs = [Request(EVAL, messages[i], 1, choices if self.choice else None) for i in todo]
             comps = self.generate("judge", reqs, sampling)
             still = []
             for i, c in zip(todo, comps):
@@ -181,15 +144,15 @@ class Phases:
 
     # ----------------------------------------------------------------- red
     def red_step(self, iteration: int, step: int) -> StepResult:
-        s, rw = self.s, self.s.recipe.rewards
-        items = s.data.next_seed_items(s.recipe.prompts_of("red"))
-        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=s.recipe.group_size_of("red")) for b, t in items], self.sampling["red"])
+        game, rw = self.game, self.game.recipe.rewards
+        items = game.data.next_seed_items(game.prompts_of("red"))
+        comps = self.generate("red", [Request("red", red_messages(b.prompt, t), n=game.group_size_of("red")) for b, t in items], self.sampling["red"])
         rollouts = [
             RedRollout(group, basic, technique, c, extract_wrapped_prompt(c.text))
             for group, ((basic, technique), cs) in enumerate(zip(items, comps)) for c in cs
         ]
         valid = [x for x in rollouts if x.wrapped]
-        defenders = s.defenders
+        defenders = game.defenders
         for x, answers in zip(valid, self.defend(defenders, [x.wrapped for x in valid])):
             x.answers = answers
         labels, soft, bad_cls = self.judge([(x.wrapped, x.answers[d.name]) for x in valid for d in defenders])
@@ -201,7 +164,7 @@ class Phases:
             sem_ok, sem_soft, bad_sem = self.semantic([(x.basic.prompt, x.wrapped) for x in valid])
         weights = {d.name: d.weight for d in defenders}
         t0 = time.perf_counter()
-        similarity = s.pool.score([x.wrapped for x in valid])  # Self-BLEU and cosine against the success pool
+        similarity = game.pool.score([x.wrapped for x in valid])  # Self-BLEU and cosine against the success pool
         self.timings["diversity"] = time.perf_counter() - t0
         for x, ok, p_ok, (s_bleu, s_cos) in zip(valid, sem_ok, sem_soft, similarity):
             x.semantic_ok = ok
@@ -219,16 +182,17 @@ class Phases:
         successes = [x for x in valid if x.reward is not None and x.semantic_ok is not False
                      and attack_succeeded(x.labels, rw.success_class)]
         metrics = self._red_metrics(rollouts, valid, defenders, samples, len(successes), bad_cls + bad_sem)
-        metrics.update(_rates(labels, "judge_rate_"), **grpo_metrics)
-        if self.s.recipe.league.size:  # past blues' games for league.sampling=winrate: a member wins when red fails
+        metrics.update(rates(labels, "judge_rate_"), **grpo_metrics)
+        if self.game.recipe.league.size:  # past blues' games for league.sampling=winrate: a member wins when red fails
             for d in defenders:
                 if d.adapter.startswith("blue@"):
                     judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
-                    tally(self.s.state.setdefault("league_record", {}), d.adapter, len(judged), sum(c != rw.success_class for c in judged))
-        return StepResult(
+                    tally(self.game.state.setdefault("league_record", {}), d.adapter, len(judged), sum(c != rw.success_class for c in judged))
+        return step_result(
             samples, metrics,
-            asp_rows=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step} for x in successes],
-            eval_rows=[
+            asp=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step}
+                 for x in successes],
+            eval_pairs=[
                 {"prompt": x.wrapped, "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt, "kind": "harmful",
                  "eval_label": x.labels[d.name], "iteration": iteration, "phase": "red", "step": step}
                 for x in valid for d in defenders
@@ -236,7 +200,7 @@ class Phases:
             transcripts=[
                 {"phase": "red", "iteration": iteration, "step": step, "basic": x.basic.prompt, "technique": x.technique.name,
                  "wrapped": x.wrapped, "answers": x.answers, "labels": x.labels, "reward": x.reward}
-                for x in valid[: s.recipe.run.transcripts]
+                for x in valid[: game.recipe.run.transcripts]
             ],
         )
 
@@ -260,53 +224,55 @@ class Phases:
     def _red_metrics(self, rollouts, valid, defenders, samples, n_success, malformed) -> dict[str, float]:
         subs = [x.subs for x in valid]
         metrics = {
-            **_reward_stats([x.reward for x in samples]),
+            **reward_stats([x.reward for x in samples]),
             "valid_rewrite_rate": len(valid) / max(len(rollouts), 1),
-            "semantic_pass_rate": _mean([float(x.semantic_ok) for x in valid if x.semantic_ok is not None]),
-            "diversity_penalty": _mean(x.get("diversity_penalty") for x in subs),
-            "s_bleu": _mean(x.get("s_bleu") for x in subs),
-            "s_cos": _mean(x.get("s_cos") for x in subs),
+            "semantic_pass_rate": mean([float(x.semantic_ok) for x in valid if x.semantic_ok is not None]),
+            "diversity_penalty": mean(x.get("diversity_penalty") for x in subs),
+            "s_bleu": mean(x.get("s_bleu") for x in subs),
+            "s_cos": mean(x.get("s_cos") for x in subs),
             "defender_gaps": float(sum(x.get("defender_gaps", 0.0) for x in subs)),
             "judge_malformed": float(malformed),
-            "asp_size": float(len(self.s.pool) + n_success),
+            "asp_size": float(len(self.game.pool) + n_success),
             "defenders": float(len(defenders)),
-            "completion_tokens": _mean(len(x.completion.token_ids) for x in rollouts),
+            "completion_tokens": mean(len(x.completion.token_ids) for x in rollouts),
         }
-        success = self.s.recipe.rewards.success_class
+        success = self.game.recipe.rewards.success_class
         for d in defenders:
             judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
-            metrics[f"asr_{d.name}"] = _mean([float(c == success) for c in judged])
-        members = {d.name for d in league_defenders(self.s.recipe.league, DefenderConfig)} & {d.name for d in defenders}
+            metrics[f"asr_{d.name}"] = mean([float(c == success) for c in judged])
+        members = {d.name for d in league_defenders(self.game.recipe.league, DefenderConfig)} & {d.name for d in defenders}
         if members:  # red against the past blues (league.py), pooled
             judged = [x.labels[n] for x in valid for n in members if x.labels[n] is not None]
-            metrics["asr_league"] = _mean([float(c == success) for c in judged])
+            metrics["asr_league"] = mean([float(c == success) for c in judged])
         return metrics
 
     def _set_advantages(self, samples: list[Sample]) -> dict[str, float]:
         """Advantages with the recipe's scaling; returns the GRPO diagnostics
         (frac_zero_std, clipped_ratio, adv_abs_<kind>) for the step's row."""
-        return assign_advantages(samples, self.s.recipe.grpo)
+        return assign_advantages(samples, self.game.recipe.grpo)
 
     # ---------------------------------------------------------------- blue
     def blue_prompts(self, count: int) -> list[tuple[str, str, str, str]]:
         """(basic request, prompt blue sees, kind, writer) for one blue step:
         the latest red's wraps of seed requests (some by past reds with a
         league), plus the benign stream asked as it is (`data.benign_share`)."""
-        s = self.s
-        items, benign_requests = s.data.blue_requests(count)
+        game = self.game
+        items, benign_requests = game.data.blue_requests(count)
         benign = [(b.prompt, b.prompt, "benign", "benign") for b in benign_requests]
-        if s.recipe.data.blue_attacks != "red":  # no red: the seed requests as they are, or a fixed attack set
-            return [(b.prompt, b.prompt, "harmful", "seeds" if s.recipe.data.blue_attacks == "seeds" else "attacks") for b, _ in items] + benign
+        if game.recipe.data.blue_attacks != "red":  # no red: the seed requests as they are, or a fixed attack set
+            return [(b.prompt, b.prompt, "harmful", "seeds" if game.recipe.data.blue_attacks == "seeds" else "attacks") for b, _ in items] + benign
         # Who wraps each request: the current red, or a past one (league.py)
-        writers = assign_writers(len(items), s.recipe.league.attacker_share, s.attackers, f"{s.recipe.seed}:league:{s.state['global_step']}")
+        writers = assign_writers(len(items), game.recipe.league.attacker_share, game.attackers,
+                                 f"{game.recipe.seed}:league:{game.state['global_step']}")
         wraps = self.generate("red", [Request(w, red_messages(b.prompt, t)) for (b, t), w in zip(items, writers)], self.sampling["red"])
         harmful = [(b.prompt, extract_wrapped_prompt(x[0].text) or b.prompt, "harmful", w) for (b, _), x, w in zip(items, wraps, writers)]
         return harmful + benign
 
     def blue_step(self, iteration: int, step: int) -> StepResult:
-        r = self.s.recipe
-        prompts = self.blue_prompts(r.prompts_of("blue"))
-        comps = self.generate("blue", [Request("blue", blue_messages(x), n=r.group_size_of("blue")) for _, x, _, _ in prompts], self.sampling["blue"])
+        r = self.game.recipe
+        prompts = self.blue_prompts(self.game.prompts_of("blue"))
+        group = self.game.group_size_of("blue")
+        comps = self.generate("blue", [Request("blue", blue_messages(x), n=group) for _, x, _, _ in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         labels, soft, bad = self.judge_blue([(p[1], c.text, p[2]) for _, p, c in flat])
         looping = [degenerate(c.text) for _, _, c in flat]
@@ -319,28 +285,28 @@ class Phases:
              "iteration": iteration, "phase": "blue", "step": step}
             for (_, p, c), lab in zip(flat, labels)
         ]
-        metrics = {**_reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **_rates(labels, "rate_"),
-                   **grpo_metrics, "degenerate_rate": _mean([float(x) for x in looping])}
+        metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
+                   **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping])}
         for kind in ("harmful", "benign"):
             mine = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[2] == kind]
             if mine:
-                metrics.update(_rates([lab for lab, _ in mine], f"{kind}_rate_"))
+                metrics.update(rates([lab for lab, _ in mine], f"{kind}_rate_"))
                 # a fixed monitor beside the judge's opinion: the refusal rules (over-refusal on benign prompts)
-                metrics[f"{kind}_refusal_rate"] = _mean([float(refused(c.text)) for _, c in mine])
+                metrics[f"{kind}_refusal_rate"] = mean([float(refused(c.text)) for _, c in mine])
         old_attacks = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[3].startswith("red@")]
         if old_attacks:  # blue against attacks written by past reds (league.py)
-            metrics.update(_rates([lab for lab, _ in old_attacks], "league_rate_"))
-            metrics["league_refusal_rate"] = _mean([float(refused(c.text)) for _, c in old_attacks])
-            record = self.s.state.setdefault("league_record", {})
+            metrics.update(rates([lab for lab, _ in old_attacks], "league_rate_"))
+            metrics["league_refusal_rate"] = mean([float(refused(c.text)) for _, c in old_attacks])
+            record = self.game.state.setdefault("league_record", {})
             for (_, p, _), lab in zip(flat, labels):  # a past red wins when blue's answer is the attack's success
                 if p[3].startswith("red@") and lab is not None:
                     tally(record, p[3], 1, int(lab == r.rewards.success_class))
-        metrics["completion_tokens"] = _mean(len(c.token_ids) for _, _, c in flat)
+        metrics["completion_tokens"] = mean(len(c.token_ids) for _, _, c in flat)
         transcripts = [
             {"phase": "blue", "iteration": iteration, "step": step, "kind": p[2], "prompt": p[1], "response": c.text, "label": lab}
             for (_, p, c), lab in list(zip(flat, labels))[: r.run.transcripts]
         ]
-        return StepResult(samples, metrics, eval_rows=eval_rows, transcripts=transcripts)
+        return step_result(samples, metrics, eval_pairs=eval_rows, transcripts=transcripts)
 
     # ---------------------------------------------------------------- eval
     def eval_step(self, iteration: int, step: int) -> StepResult:
@@ -354,7 +320,7 @@ class Phases:
         """engine.generate, timed per purpose (`seconds_<what>` in metrics)."""
         t0 = time.perf_counter()
         crash_point("generate")
-        out = self.s.engine.generate(requests, sampling)
+        out = self.game.engine.generate(requests, sampling)
         self.timings[what] = self.timings.get(what, 0.0) + time.perf_counter() - t0
         return out
 

@@ -1,0 +1,337 @@
+"""TriPlay's recipe sections: phases, rewards, defenders, experts, data,
+control and league, with their bounds and one-line errors. The core's
+sections (model, lora, engine, grpo, run) are recipe.py's; a TriPlay recipe
+is both, joined by `recipe.recipe_class` (this model is TriPlay's game's
+`Sections`).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ..judging.parsing import LABELS
+from ..recipe import _Strict
+from .control import ControlConfig, phase_steps  # noqa: F401 (phase_steps: part of what the sections imply)
+from .league import LeagueConfig
+
+ROLE_NAMES = ("red", "blue", "eval")
+CLASSES = LABELS
+
+
+class PhaseConfig(_Strict):
+    """One role's phase; sampling keys left empty take grpo's values (red's
+    prompts are short, blue's answers long: give each its own budget)."""
+
+    steps: int = Field(1, ge=0)
+    lr: float | None = Field(None, gt=0, description="overrides grpo.lr for this role")
+    max_new_tokens: int | None = Field(None, ge=1, description="this role's completions (blue's also bound defenders' answers)")
+    group_size: int | None = Field(None, ge=2, description="completions per prompt in this phase")
+    prompts_per_step: int | None = Field(None, ge=1, description="prompts (eval: labelled pairs) per step in this phase")
+    temperature: float | None = Field(None, gt=0)
+    objective: Literal["grpo", "sft", "sft+grpo"] = Field(
+        "grpo", description="eval only: GRPO on the panel's labels (the paper), cross-entropy on them over the forced label "
+        "set (supervised.py), or both in one update"
+    )
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="eval only: label smoothing of the cross-entropy objective")
+
+
+class WarmupConfig(_Strict):
+    """Eval's warm start: before iteration 1's P_red, the bare base (red and
+    blue are still untrained) answers `pairs` seed prompts, harmful and
+    benign, the expert panel labels them, and eval takes `steps` GRPO steps
+    on those labels, so red's and blue's first rewards do not come from an
+    evaluator that has learnt nothing."""
+
+    steps: int = Field(0, ge=0)
+    pairs: int = Field(32, ge=2, description="(prompt, answer) pairs the panel labels before the warm start trains")
+    objective: Literal["grpo", "sft", "sft+grpo"] = Field(
+        "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels"
+    )
+    answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
+        default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
+        description="system prompts the untrained blue answers the warm start's prompts under (templates.yaml "
+        "warmup_styles): its own, and asked to refuse, to refuse with safe guidance, to comply, so that eval meets every "
+        "class before its first judgement (a small base almost never refuses on its own)"
+    )
+
+
+class PhasesConfig(_Strict):
+    red: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=200))
+    blue: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
+    eval: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
+    eval_warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+
+
+
+
+class RewardsConfig(_Strict):
+    red_class_values: dict[str, float] = Field(default_factory=lambda: {"negative": 1.0, "rejective": 0.0, "positive": 0.0})
+    blue_class_values: dict[str, float] = Field(default_factory=lambda: {"negative": -1.0, "rejective": 0.0, "positive": 1.0})
+    blue_benign_class_values: dict[str, float] | None = Field(
+        None, description="blue's class values on benign requests (the benign stream); default blue_class_values. "
+        "A lower `rejective` here makes an over-refusal cost what it costs a user"
+    )
+    success_class: Literal["negative", "rejective", "positive"] = "negative"
+    semantic: bool = True
+    semantic_value: float = 1.0
+    w_bleu: float = Field(2.0, ge=0)
+    w_cos: float = Field(4.0, ge=0)
+    k: float = Field(math.log(11 / 6), gt=0)
+    ngram_orders: list[int] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
+    embedding_model: str = "embedded:all-minilm-l6-v2"
+    judge_mode: Literal["generate", "choice"] = Field(
+        "generate",
+        description="generate: eval writes free text ending in `Label: ...` (the paper); "
+        "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
+    )
+    soft_labels: bool | Literal["auto"] = Field(
+        True, description="choice mode: reward = expected value under the judge's class probabilities; `auto`: only while "
+        "eval is calibrated (its expected calibration error on the held-out slice at most rewards.max_ece), else its label"
+    )
+    max_ece: float = Field(0.1, gt=0, le=1, description="soft_labels auto: the calibration error above which eval's label is used")
+    choice_rollouts: Literal["enumerate", "sample"] = Field(
+        "enumerate", description="choice mode, eval's GRPO group: every label once (a group that always holds the right "
+        "and the wrong answers) or group_size labels sampled from eval's choice distribution"
+    )
+    judge_max_new_tokens: int | None = Field(
+        None, ge=1, description="one budget for every judge call and for eval's own rollouts; default: room for the template's "
+        "brief reasoning (256 tokens; 1024 with model.enable_thinking) in generate mode"
+    )
+    judge_retries: int = Field(1, ge=0, description="re-asks of a malformed judge output before the sample is dropped")
+    blue_judge: str = Field(
+        "eval", description="who labels blue's answers for its reward: `eval` (the eval adapter, the paper), `rules` "
+        "(the refusal rules, which know whether a request was harmful or benign), `panel` (the expert panel of "
+        "`experts:`), or `openai:MODEL@URL` (an OpenAI-compatible endpoint, e.g. a guard model); a fixed judge is the "
+        "baseline self-play must beat"
+    )
+    degenerate_penalty: float = Field(
+        0.0, ge=0, description="subtracted from blue's reward for a degenerate answer (judging/quality.py: looping or "
+        "near-empty text, which satisfies a refusal rule without being an answer)"
+    )
+
+    @field_validator("blue_judge")
+    @classmethod
+    def _judge(cls, v: str) -> str:
+        from ..judging.fixed import JudgeError, is_endpoint, parse_endpoint
+
+        v = v.strip()
+        if is_endpoint(v):
+            try:
+                parse_endpoint(v)
+            except JudgeError as exc:
+                raise ValueError(str(exc)) from None
+        elif v not in ("eval", "rules", "panel"):
+            raise ValueError(f"unknown judge {v!r}; use eval, rules, panel or openai:MODEL@URL")
+        return v
+
+    @field_validator("red_class_values", "blue_class_values", "blue_benign_class_values")
+    @classmethod
+    def _all_classes(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and set(v) != set(CLASSES):
+            missing, unknown = [c for c in CLASSES if c not in v], sorted(set(v) - set(CLASSES))
+            raise ValueError(f"needs one value for each class {list(CLASSES)}; missing {missing}, unknown {unknown}")
+        return v
+
+    @field_validator("ngram_orders")
+    @classmethod
+    def _orders(cls, v: list[int]) -> list[int]:
+        if any(n < 1 or n > 8 for n in v):
+            raise ValueError(f"n-gram orders must be between 1 and 8, got {v}")
+        return v
+
+    def blue_values(self, kind: str | None) -> dict[str, float]:
+        """Blue's class values for a request of `kind` (harmful / benign)."""
+        return self.blue_benign_class_values if kind == "benign" and self.blue_benign_class_values else self.blue_class_values
+
+
+class DefenderConfig(_Strict):
+    # `model` first: the name's check reads it
+    model: str | None = Field(
+        None, description="another model as defender (the paper attacks other model families beside blue): "
+        "`openai:MODEL@URL` (an OpenAI-compatible endpoint; key from LORA_TRIPLAY_JUDGE_API_KEY), a local model folder or a "
+        "cached hub id; it answers red's prompts under blue's system prompt, greedily"
+    )
+    name: str = Field(description="`blue`, `base` (adapters off), a past blue snapshot `blue@N`, or `blue@-N`: "
+                      "the blue N phases before the current one; with `model`, any name (metrics: asr_<name>)")
+    weight: float = 1.0
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str | None) -> str | None:
+        from ..judging.fixed import JudgeError, is_endpoint, parse_endpoint
+
+        if v is not None and is_endpoint(v):
+            try:
+                parse_endpoint(v)
+            except JudgeError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str, info) -> str:
+        from ..core.snapshots import SpecError, parse_spec
+
+        if info.data.get("model") is not None:
+            if v in ("blue", "base") or v.startswith("blue@"):
+                raise ValueError(f"defender {v!r} with a model: choose another name (`blue`, `base` and `blue@N` are adapters)")
+            if not v.replace("-", "_").replace(".", "_").isidentifier():
+                raise ValueError(f"defender name {v!r}: use letters, digits, `-`, `_` or `.` (it names metrics: asr_{v})")
+            return v
+        try:
+            spec = parse_spec(v)
+        except SpecError as exc:
+            raise ValueError(f"{exc}; or give the defender a `model` (another model as defender)") from None
+        if spec.role == "blue" or v == "base":
+            return v
+        raise ValueError(f"defender {v!r} is not `blue`, `base`, `blue@N` or `blue@-N` (or give it a `model`)")
+
+
+class ExpertsConfig(_Strict):
+    """The panel that labels eval's training pairs (experts.py)."""
+
+    rule_based: bool = True
+    safety_experts: int = Field(3, ge=0, description="prompted safety instructions, asked of every model in `models`")
+    utility_experts: int = Field(3, ge=0)
+    models: list[str] = Field(
+        default_factory=lambda: ["self"], min_length=1,
+        description="who answers the prompted experts: `self` (this run's base, adapters off), a local model folder "
+        "or hub id, or `openai:MODEL@URL` (an OpenAI-compatible endpoint; key from LORA_TRIPLAY_JUDGE_API_KEY)",
+    )
+    min_agreement: float = Field(0.6, gt=0.5, le=1.0, description="share of the votes cast the majority needs")
+    min_votes: int = Field(2, ge=1, description="votes cast (not abstentions) a label needs: the quorum")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: rewards.judge_max_new_tokens's budget")
+    pairs_per_step: int | None = Field(None, ge=1, description="pairs the panel labels per eval step (default 2 x prompts_per_step)")
+    fresh_share: float = Field(0.75, ge=0, le=1, description="share of them drawn from the current iteration's pairs")
+    pool_cap: int = Field(4096, ge=16, description="pairs kept in memory per reservoir (current iteration, older ones)")
+    balance_classes: bool = Field(
+        False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the prior)"
+    )
+    heldout_share: float = Field(
+        0.1, ge=0, le=0.5, description="share of the panel-labelled pairs kept out of eval's training: after each eval phase "
+        "eval labels them (accuracy, per-class recall, predicted labels, calibration error in metrics.jsonl)"
+    )
+    gold_pairs: str | None = Field(
+        None, description="a JSONL file of labelled answers (prompt, response, label; kind optional) eval is checked "
+        "against after its warm start and every P_eval, never trained on (`phase: eval_gold` rows)"
+    )
+
+    @field_validator("gold_pairs")
+    @classmethod
+    def _gold_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().is_file():
+            raise ValueError(f"no such file {v!r}; give a JSONL file of prompt/response/label rows")
+        return v
+
+
+class DataConfig(_Strict):
+    basic_prompts: str = Field("builtin", description="`builtin` or a CSV/JSONL file (e.g. HarmBench behaviors)")
+    prompt_column: str | None = None
+    techniques: str = "builtin"
+    limit: int | None = Field(None, ge=1)
+    benign_prompts: str = Field("builtin", description="benign but sensitive-sounding requests for blue: `builtin` or a CSV/JSONL file")
+    benign_share: float = Field(0.0, ge=0, le=0.9, description="share of blue's training prompts that are benign (asked as they are)")
+    blue_attacks: str = Field(
+        "red", description="blue's harmful prompts: `red` (the latest red wraps each seed request, the paper), `seeds` "
+        "(the seed requests as they are), or a CSV/JSONL file of attacks taken in its order, epoch after epoch (a fixed "
+        "attack set: blue alone against a fixed judge needs no red)"
+    )
+
+    @field_validator("blue_attacks")
+    @classmethod
+    def _attacks(cls, v: str) -> str:
+        if v not in ("red", "seeds") and not Path(v).expanduser().is_file():
+            raise ValueError(f"not `red`, `seeds` or an existing CSV/JSONL file: no such file {v!r}")
+        return v
+
+    @field_validator("basic_prompts", "techniques", "benign_prompts")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        # Fail at recipe load, not after minutes of model loading.
+        if v != "builtin" and not Path(v).expanduser().is_file():
+            raise ValueError(f"no such file {v!r}; give a CSV/JSONL path or `builtin`")
+        return v
+
+
+class TriPlaySections(_Strict):
+    """TriPlay's top-level recipe sections (registered as its game's
+    `Sections`: recipe.py joins them to the core's)."""
+
+    phases: PhasesConfig = Field(default_factory=PhasesConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    defenders: list[DefenderConfig] = Field(
+        default_factory=lambda: [DefenderConfig(name="blue", weight=1.0), DefenderConfig(name="base", weight=0.5)])
+    experts: ExpertsConfig = Field(default_factory=ExpertsConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)  # beyond the paper: control.py
+    league: LeagueConfig = Field(default_factory=LeagueConfig)  # beyond the paper: league.py
+
+    @model_validator(mode="after")
+    def _check(self) -> "TriPlaySections":
+        names = [d.name for d in self.defenders]
+        if not names:
+            raise ValueError("defenders: at least one defender is needed (e.g. `- {name: blue, weight: 1.0}`)")
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"defenders: names must be unique, got {names}; remove the repeated {dup}")
+        for role in ("red", "blue"):
+            phase = getattr(self.phases, role)
+            if phase.objective != "grpo" or phase.label_smoothing:
+                raise ValueError(f"phases.{role}: objective and label_smoothing are eval's (a supervised judge); {role} trains with GRPO")
+        if self.phases.eval.max_new_tokens is not None:
+            raise ValueError("phases.eval.max_new_tokens: eval's answers are judgements; their length is rewards.judge_max_new_tokens "
+                             "(one budget for judging and for eval's training)")
+        if self.experts.safety_experts + int(self.experts.rule_based) == 0:
+            raise ValueError("experts: the panel is empty; enable rule_based or set safety_experts >= 1")
+        voters = self.experts.safety_experts * len(self.experts.models) + int(self.experts.rule_based)
+        if self.experts.min_votes > voters:
+            raise ValueError(f"experts.min_votes = {self.experts.min_votes} but the panel has {voters} safety voters; "
+                             f"lower experts.min_votes or add experts")
+        return self
+
+
+# ------------------------------------------------ what the sections imply
+# Read through TriPlay's game (game.py), which is the one place the core and
+# the loop ask; these are its implementations.
+
+def phases_of(recipe, iteration: int) -> list[str]:
+    """The phases of one iteration, in order: eval's warm start opens the run."""
+    first = ["eval_warmup"] if iteration == 1 and recipe.phases.eval_warmup.steps else []
+    return first + list(ROLE_NAMES)
+
+
+def role_lr(recipe, role: str) -> float:
+    return getattr(recipe.phases, role).lr or recipe.grpo.lr
+
+
+def judge_budget(recipe) -> int:
+    """New tokens for a judge's answer (eval judging, the semantic judge,
+    eval's own rollouts): the recipe's value, or room for the template's
+    brief reasoning before its `Label:` line."""
+    if recipe.rewards.judge_max_new_tokens is not None:
+        return recipe.rewards.judge_max_new_tokens
+    if recipe.rewards.judge_mode == "choice":
+        return 16  # unused: the answer is one of the label strings
+    return 1024 if recipe.model.enable_thinking else 256
+
+
+def max_new_tokens_of(recipe, role: str) -> int:
+    """Completion budget of a role's rollouts (eval: the judge budget)."""
+    if role == "eval":
+        return judge_budget(recipe)
+    return getattr(recipe.phases, role).max_new_tokens or recipe.grpo.max_new_tokens
+
+
+def prompts_of(recipe, role: str) -> int:
+    return getattr(recipe.phases, role).prompts_per_step or recipe.grpo.prompts_per_step
+
+
+def group_size_of(recipe, role: str) -> int:
+    return getattr(recipe.phases, role).group_size or recipe.grpo.group_size
+
+
+def temperature_of(recipe, role: str) -> float:
+    return getattr(recipe.phases, role).temperature or recipe.grpo.temperature
