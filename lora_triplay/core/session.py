@@ -284,9 +284,8 @@ class Session:
         learner = self.learners[role]
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
-        examples = getattr(result, "examples", [])
-        stats = learner.step(self._my_groups(result.samples), self._my_block(examples), getattr(result, "smoothing", 0.0)) \
-            if result.samples or examples else None
+        stats = learner.step(self._my_groups(result.samples), self._my_block(result.examples), result.smoothing) \
+            if result.samples or result.examples else None
         t2 = time.perf_counter()
         if stats is not None and stats.skipped and learner.nonfinite_in_a_row:
             log.warning("step skipped: non-finite loss or gradient (%d in a row)", learner.nonfinite_in_a_row)
