@@ -108,6 +108,10 @@ def test_balanced_batches_draw_every_label_equally(tmp_path):
     random.seed(0)
     drawn = [x["panel_label"] for _ in range(20) for x in data.sample_labelled_pairs(100)]
     assert abs(drawn.count("positive") / len(drawn) - 0.5) < 0.05  # 10% of the pool, half of the draws
+    data.labelled += [{"panel_label": "rejective", "pair": 100 + i} for i in range(2)]
+    for _ in range(20):  # every batch, not only on average: each label 2 or 3 times in 8
+        batch = [x["panel_label"] for x in data.sample_labelled_pairs(8)]
+        assert sorted(batch.count(c) for c in ("negative", "positive", "rejective")) == [2, 3, 3]
     data.recipe = build_recipe({"experts": {"balance_classes": False, "heldout_share": 0.0}})
     drawn = [x["panel_label"] for _ in range(20) for x in data.sample_labelled_pairs(100)]
     assert abs(drawn.count("positive") / len(drawn) - 0.1) < 0.03
@@ -150,7 +154,7 @@ def test_soft_labels_auto_follow_the_calibration_check():
 RECIPE = {
     "lora": {"rank": 4, "alpha": 8},
     "phases": {"red": {"steps": 1}, "blue": {"steps": 1}, "eval": {"steps": 2, "objective": "sft", "label_smoothing": 0.1},
-               "eval_warmup": {"steps": 2, "pairs": 8}},
+               "eval_warmup": {"steps": 2, "pairs": 16}},
     "grpo": {"group_size": 2, "prompts_per_step": 2, "lr": 1e-3, "max_new_tokens": 6},
     "rewards": {"judge_mode": "choice", "embedding_model": "hashing", "soft_labels": "auto", "max_ece": 1.0},
     "experts": {"safety_experts": 1, "utility_experts": 1, "heldout_share": 0.3, "balance_classes": True},
@@ -180,8 +184,16 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
     assert all(set(f"recall_{c}" for c in LABELS) <= set(r) for r in gold_rows)
     panel = [json.loads(x) for x in (tmp_path / "run" / "panel.jsonl").read_text().splitlines()]
     assert {r.get("heldout") for r in panel} == {True, False}
-    styles = {json.loads(x).get("style") for x in (tmp_path / "run" / "eval_pairs.jsonl").read_text().splitlines()}
-    assert {"blue", "refuse", "guide", "comply"} <= styles  # every warm-start answer style
+    pairs = [json.loads(x) for x in (tmp_path / "run" / "eval_pairs.jsonl").read_text().splitlines()]
+    assert {"blue", "refuse", "guide", "comply"} <= {p.get("style") for p in pairs}  # every warm-start answer style
+    from lora_triplay.judging.refusals import refused
+    from lora_triplay.triplay.roles import warmup_opening
+
+    # a styled answer starts with its opening (the random tiny model would never refuse on its own)
+    assert all(p["response"].startswith(warmup_opening(p["style"])) for p in pairs if p.get("style") in ("refuse", "guide", "comply"))
+    assert all(refused(p["response"]) for p in pairs if p.get("style") == "refuse")
+    warm = [p for p in pairs if p.get("phase") == "eval_warmup" and p["kind"] == "harmful"]
+    assert {p["prompt"] == p["basic"] for p in warm} == {True, False}  # harmful requests raw and wrapped by red
     assert "eval_ece" in session.state
 
 

@@ -20,7 +20,7 @@ from ..training.grpo import Sample
 from ..training.supervised import ChoiceExample
 from .results import mean, rates, reward_stats, step_result
 from .rewards import eval_reward
-from .roles import EVAL, eval_messages, red_messages, styled_blue_messages
+from .roles import EVAL, eval_messages, red_messages, styled_blue_messages, warmup_opening
 
 ECE_BINS = 10
 
@@ -80,13 +80,19 @@ class EvalSteps:
             n = max(cfg.pairs // len(cfg.answer_styles), 1)
             benign = game.data.next_benign(n // 2 if game.data.benign else 0)
             items = game.data.next_seed_items(n - len(benign))
-            wraps = self.p.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in items], self.p.sampling["red"])
-            prompts = [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(items, wraps)]
+            # half the harmful requests as red will wrap them, half as written:
+            # an untrained red's wraps often lose the request, and eval judges both
+            raw, wrapped = items[: len(items) // 2], items[len(items) // 2:]
+            wraps = self.p.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in wrapped], self.p.sampling["red"])
+            prompts = [(b.prompt, b.prompt, "harmful") for b, _ in raw]
+            prompts += [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(wrapped, wraps)]
             prompts += [(b.prompt, b.prompt, "benign") for b in benign]
             asked = [(p, style) for style in cfg.answer_styles for p in prompts]
-            answers = self.p.generate("blue", [Request("blue", styled_blue_messages(p[1], style)) for p, style in asked], self.p.sampling["blue"])
+            answers = self.p.generate("blue", [Request("blue", styled_blue_messages(p[1], style), prefix=warmup_opening(style))
+                                               for p, style in asked], self.p.sampling["blue"])
             eval_rows = [
-                {"prompt": p[1], "response": a[0].text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": None,
+                {"prompt": p[1], "response": warmup_opening(style) + a[0].text, "defender": "blue", "basic": p[0], "kind": p[2],
+                 "eval_label": None,
                  "style": style, "iteration": iteration, "phase": "eval_warmup", "step": step}
                 for (p, style), a in zip(asked, answers)
             ]

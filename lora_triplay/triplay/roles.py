@@ -213,6 +213,12 @@ def styled_blue_messages(prompt: str, style: str) -> list[dict[str, str]]:
     return _chat(_templates()["warmup_styles"][style], escape_control_tokens(prompt))
 
 
+def warmup_opening(style: str) -> str:
+    """The first words of a styled warm-start answer (templates.yaml
+    `warmup_openings`; none for blue's own)."""
+    return _templates().get("warmup_openings", {}).get(style, "")
+
+
 def eval_messages(prompt: str, response: str) -> list[dict[str, str]]:
     t = _templates()
     user = t["eval_user"].format(prompt=data_block("PROMPT", prompt), response=data_block("RESPONSE", response))
