@@ -120,8 +120,11 @@ def test_eval_warm_start_labels_base_answers_and_trains():
     result = phases.warmup_step(1, 1)
     assert [row["kind"] for row in result.rows['eval_pairs']].count("benign") == 4
     assert all(row["phase"] == "eval_warmup" for row in result.rows['eval_pairs'])
-    labels = {(row["kind"], row["panel_label"]) for row in result.rows['panel']}
-    assert labels == {("harmful", "rejective"), ("benign", "positive")}  # the rule expert knows the provenance
+    labels = {(row["kind"], row["panel_label"], row["prompt"] == row["basic"]) for row in result.rows['panel']
+              for row in [{**row, "basic": result.rows['eval_pairs'][row["pair"]]["basic"]}]}
+    # the rule expert knows the provenance; half the harmful requests go to blue as written (the script
+    # answers those), half as red wrapped them (the script refuses those)
+    assert labels == {("harmful", "negative", True), ("harmful", "rejective", False), ("benign", "positive", True)}
     assert result.samples and {x.reward for x in result.samples} <= {0.0, 1.0}
     assert [row["pair"] for row in result.rows['eval_pairs']] == list(range(8))
     s.data.commit(result.rows['eval_pairs'], result.rows['panel'])
