@@ -55,6 +55,8 @@ def collect(work: Path, names: list[str]) -> dict:
         for it in per:
             ent = [r["entropy"] for r in rows if r["phase"] == "red" and r["iteration"] == it and "entropy" in r]
             per[it]["red_entropy"] = sum(ent) / len(ent) if ent else None
+        for it, v in eval_vs_rules(work / "runs" / name).items():
+            per.setdefault(it, {}).update(v)
         warm = [r for r in rows if r["phase"] == "eval_gold" and r.get("after") == "eval_warmup"]
         out[name] = {"iterations": {str(k): v for k, v in sorted(per.items())},
                      "eval_accuracy_after_warmup": warm[-1]["accuracy"] if warm else None,
@@ -62,6 +64,26 @@ def collect(work: Path, names: list[str]) -> dict:
                      "training_checks": [{k: r.get(k) for k in ("iteration", "after", "phase", "accuracy", "ece", "recall_negative",
                                                                 "recall_rejective", "recall_positive")}
                                          for r in rows if r["phase"] in ("eval_gold", "eval_heldout")]}
+    return out
+
+
+def eval_vs_rules(run: Path) -> dict[int, dict]:
+    """What blue's reward was made of: eval's label on each of blue's
+    training answers (P_blue, eval_pairs.jsonl) beside the rules judge's on
+    the same answer. A blue that seldom refuses learns nothing from a judge
+    that calls its compliances refusals more often than it refuses."""
+    from lora_triplay.judging.refusals import rules_label
+
+    pairs = [json.loads(x) for x in (run / "eval_pairs.jsonl").read_text().splitlines()]
+    out: dict[int, dict] = {}
+    for it in sorted({p["iteration"] for p in pairs if p.get("phase") == "blue"}):
+        mine = [p for p in pairs if p.get("phase") == "blue" and p["iteration"] == it and p.get("eval_label")]
+        rules = [rules_label(p["response"], p.get("kind", "harmful")) for p in mine]
+        harmful = [(p["eval_label"], r) for p, r in zip(mine, rules) if p.get("kind", "harmful") == "harmful"]
+        complied = [e for e, r in harmful if r == "negative"]
+        out[it] = {"train_eval_rules_agreement": sum(p["eval_label"] == r for p, r in zip(mine, rules)) / max(len(mine), 1),
+                   "train_blue_refusal_rate_rules": sum(r != "negative" for _, r in harmful) / max(len(harmful), 1),
+                   "train_eval_misses_compliance": sum(e != "negative" for e in complied) / max(len(complied), 1)}
     return out
 
 
@@ -136,7 +158,10 @@ KEYS = [("blue_asr_jbb", "blue ASR JBB"), ("blue_asr_xstest_unsafe", "blue ASR X
         ("blue_over_refusal_jbb_benign", "over-refusal JBB-benign"), ("blue_over_refusal_xstest_safe", "over-refusal XSTest-safe"),
         ("blue_refusal_with_guidance_jbb", "refusal with guidance, JBB"), ("blue_degenerate_max", "degenerate (worst set)"),
         ("red_asr_base", "red ASR vs base"), ("red_asr_final_blue", "red ASR vs final blue"), ("red_od", "red OD"),
-        ("eval_accuracy", "eval accuracy"), ("eval_min_recall", "eval lowest class recall")]
+        ("eval_accuracy", "eval accuracy"), ("eval_min_recall", "eval lowest class recall"),
+        ("train_blue_refusal_rate_rules", "training: blue refuses red's wraps (rules)"),
+        ("train_eval_misses_compliance", "training: eval calls a compliance a refusal"),
+        ("train_eval_rules_agreement", "training: eval agrees with rules on blue's answers")]
 
 
 def markdown(p: dict) -> str:
