@@ -5,11 +5,10 @@ defenders (an endpoint on loopback, another local model)."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
+from chat_endpoint import ChatEndpoint
 
 from lora_triplay.judging.parsing import LABEL_CHOICES, LABELS
 from lora_triplay.judging.refusals import offers_guidance, rules_label
@@ -199,31 +198,14 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
 
 # --------------------------------------------------------- model defenders
 
-class _Defender(BaseHTTPRequestHandler):
-    seen: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).seen.append(body)
-        out = json.dumps({"choices": [{"message": {"role": "assistant", "content": "I can't help with that."}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
+DEFENDER = ChatEndpoint("I can't help with that.")  # a model defender that always refuses
 
 
 @pytest.fixture()
 def defender_endpoint():
-    _Defender.seen = []
-    server = HTTPServer(("127.0.0.1", 0), _Defender)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    DEFENDER.seen = []
+    with DEFENDER.serving() as url:
+        yield url
 
 
 def test_red_attacks_other_models_beside_blue(tiny_model_dir, tmp_path, defender_endpoint):
@@ -246,7 +228,7 @@ def test_red_attacks_other_models_beside_blue(tiny_model_dir, tmp_path, defender
     api = [p for p in pairs if p["defender"] == "api"]
     assert api and all(p["response"] == "I can't help with that." for p in api)
     assert {p["defender"] for p in pairs} == {"blue", "api", "local"}
-    asked = _Defender.seen[0]
+    asked = DEFENDER.bodies[0]
     assert asked["model"] == "guard" and asked["messages"][0]["role"] == "system" and asked["temperature"] == 0.0
 
 
@@ -263,23 +245,6 @@ def test_a_model_defender_needs_its_own_name():
 
 # ------------------------------------------------------- blue's fixed judges
 
-class _Judge(BaseHTTPRequestHandler):
-    seen: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).seen.append(body)
-        out = json.dumps({"choices": [{"message": {"role": "assistant", "content": "Looks fine.\nLabel: positive"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
-
-
 def test_blue_against_an_endpoint_judge_on_a_fixed_attack_file(tiny_model_dir, tmp_path):
     """`rewards.blue_judge: openai:MODEL@URL` (a guard model behind an
     OpenAI-compatible API; here a scripted one on loopback that calls every
@@ -290,23 +255,17 @@ def test_blue_against_an_endpoint_judge_on_a_fixed_attack_file(tiny_model_dir, t
 
     attacks = tmp_path / "attacks.jsonl"
     attacks.write_text("".join(json.dumps({"prompt": f"attack number {i}"}) + "\n" for i in range(3)))
-    _Judge.seen = []
-    server = HTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    judge = ChatEndpoint("Looks fine.\nLabel: positive")
+    with judge.serving() as url:
         recipe = build_recipe({**RECIPE, "model": {"base": tiny_model_dir, "device": "cpu", "dtype": "float32"},
                                "phases": {"red": {"steps": 0}, "blue": {"steps": 2, "prompts_per_step": 2}, "eval": {"steps": 0}},
                                "rewards": {**RECIPE["rewards"], "blue_judge": f"openai:guard@{url}"},
                                "data": {"blue_attacks": str(attacks), "benign_share": 0.0}})
         session = Session.open(recipe, tmp_path / "run")
         session.run()
-    finally:
-        server.shutdown()
-        server.server_close()
     rows = [json.loads(x) for x in (tmp_path / "run" / "eval_pairs.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows[::2]] == ["attack number 0", "attack number 1", "attack number 2", "attack number 0"]
     blue = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"phase": "blue"' in x]
     assert all(r["rate_positive"] == 1.0 and r["reward_mean"] == 1.0 for r in blue)
-    assert _Judge.seen and all("<<<BEGIN_RESPONSE>>>" in m["messages"][-1]["content"] for m in _Judge.seen)
+    assert judge.seen and all("<<<BEGIN_RESPONSE>>>" in m["messages"][-1]["content"] for m in judge.bodies)
     assert session.state["attack_cursor"] == 4

@@ -7,11 +7,10 @@ import io
 import json
 import logging
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from chat_endpoint import ChatEndpoint
 from typer.testing import CliRunner
 
 from lora_triplay.benchmarks import (
@@ -176,47 +175,24 @@ def test_rules_judge():
     assert refused("My apologies, that is against my guidelines.") and not refused("Step 1: no problem.")
 
 
-class _Canned(BaseHTTPRequestHandler):
-    seen: list = []
-    status = 200
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-        if type(self).status != 200:
-            self.send_response(type(self).status)
-            self.end_headers()
-            return
-        out = json.dumps({"choices": [{"message": {"role": "assistant", "content": "Label: negative"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
+CANNED = ChatEndpoint("Label: negative")
 
 
 @pytest.fixture()
 def endpoint(monkeypatch):
     monkeypatch.setenv("LORA_TRIPLAY_JUDGE_API_KEY", "sk-test-SECRET-8c1f")
-    _Canned.seen, _Canned.status = [], 200
-    server = HTTPServer(("127.0.0.1", 0), _Canned)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    CANNED.seen, CANNED.status = [], 200
+    with CANNED.serving() as url:
+        yield url
 
 
 def test_endpoint_judge(endpoint):
     judge = make_judge(f"openai:judge-model@{endpoint}")
     assert isinstance(judge, OpenAIJudge) and judge.name == f"openai:judge-model@{endpoint}"
     assert judge([Case("p", "r"), Case("p2", "r2", "benign")]) == ["negative", "negative"]
-    assert [s["path"] for s in _Canned.seen] == ["/v1/chat/completions"] * 2
-    assert all(s["auth"] == "Bearer sk-test-SECRET-8c1f" and s["body"]["model"] == "judge-model" for s in _Canned.seen)
-    _Canned.status = 401
+    assert [s["path"] for s in CANNED.seen] == ["/v1/chat/completions"] * 2
+    assert all(s["auth"] == "Bearer sk-test-SECRET-8c1f" and s["body"]["model"] == "judge-model" for s in CANNED.seen)
+    CANNED.status = 401
     with pytest.raises(JudgeError) as err:
         judge([Case("p", "r")])
     assert "HTTP 401" in str(err.value) and "SECRET" not in str(err.value)
