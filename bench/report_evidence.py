@@ -140,6 +140,8 @@ def figure(results: dict, path: Path) -> None:
             color, ls = styles.get(name, ("k", ":"))
             ax.plot(xs, ys, ls, color=color, marker="o", label=name)
         ax.set_title(title, fontsize=10)
+        ax.set_ylim(-0.02, 1.02)  # every panel is a rate in [0, 1]: a 1-item change must not fill the axis
+        ax.set_xticks(range(max((len(r["iterations"]) for r in results.values()), default=1)))
         ax.set_xlabel("iteration (0 = untrained)")
         ax.grid(alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
