@@ -78,6 +78,8 @@ def eval_vs_rules(run: Path) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for it in sorted({p["iteration"] for p in pairs if p.get("phase") == "blue"}):
         mine = [p for p in pairs if p.get("phase") == "blue" and p["iteration"] == it and p.get("eval_label")]
+        if not mine:  # no labelled answer of blue this iteration: no row rather than a 0
+            continue
         rules = [rules_label(p["response"], p.get("kind", "harmful")) for p in mine]
         harmful = [(p["eval_label"], r) for p, r in zip(mine, rules) if p.get("kind", "harmful") == "harmful"]
         complied = [e for e, r in harmful if r == "negative"]

@@ -68,10 +68,12 @@ class EvalSteps:
         return self.train(iteration, step, panel_rows, panel_metrics, "eval")
 
     def warmup(self, iteration: int, step: int):
-        """Eval's warm start. Step 1: the untrained red wraps seed requests,
-        the untrained blue (= the base) answers them and benign requests in
-        each of `answer_styles`, the panel labels every pair. Every step:
-        eval learns them (`phases.eval_warmup.objective`)."""
+        """Eval's warm start. Step 1: the untrained red wraps half the seed
+        requests (the other half go as written), the untrained blue (= the
+        base) answers them and benign requests in each of `answer_styles`,
+        each styled answer started with its opening words (`warmup_opening`),
+        the panel labels every pair. Every step: eval learns them
+        (`phases.eval_warmup.objective`)."""
         game, r = self.game, self.game.recipe
         cfg = r.phases.eval_warmup
         panel_rows, panel_metrics, eval_rows = [], {}, []

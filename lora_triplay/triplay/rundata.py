@@ -168,8 +168,8 @@ class RunData:
         included; with
         `experts.balance_classes`, the labels present in turns (in a
         shuffled order, so a batch holds each about equally often), a pair
-        drawn for each. Drawing the label at random instead gave a 135M eval
-        batches of 1/4/3 and a label prior that swung from step to step."""
+        drawn for each (drawing the label at random gave batches of 8 such
+        as 1/4/3)."""
         pool = [r for r in self.labelled + [r for r in self.pending if r["panel_label"]] if not r.get("heldout")]
         if not pool:
             return []
