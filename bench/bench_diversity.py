@@ -28,6 +28,10 @@ Per pool size, on ONE growing rewards.diversity.AttackSuccessPool:
                       a subsample (--naive-refs references x --naive-cands
                       candidates) and scaled linearly to 256 x pool size
                       (EXTRAPOLATED; nltk walks every reference per call)
+embed_one_at_a_time_s (once): the 256 candidates through the encoder one
+text per forward (what it did before it batched texts of equal token
+length; `encoder_batching`: the groups, the CPU time both ways and whether
+the embeddings are bit-identical, which resume exactness needs).
 agree_max_abs_diff: SelfBleuIndex.score vs that NLTK computation on the
 subsample plus edge cases (empty, 1-word, a verbatim pool text).
 growth_exponent_* = log(t2/t1) / log(n2/n1), first to last size (per step too).
@@ -59,6 +63,7 @@ from lora_triplay.triplay.rewards.diversity import (  # noqa: E402 (needs the sy
     AttackSuccessPool,
     HashingEncoder,
     SelfBleuIndex,
+    SentenceEncoder,
     load_sentence_encoder,
     tokenize,
 )
@@ -81,7 +86,7 @@ class TextMaker:
         self.swap = swap
         self.frames = [_sentences(t.demo_wrapped) for t in load_techniques(None)]
         self.basics = [b.prompt for b in load_basic_prompts(None, None, None)]
-        rows = (ROOT / "lora_triplay" / "prompts" / "benign_prompts.jsonl").read_text().splitlines()
+        rows = (ROOT / "lora_triplay" / "triplay" / "prompts" / "benign_prompts.jsonl").read_text().splitlines()
         self.benign = [json.loads(r)["prompt"] for r in rows if r.strip()]
         words = " ".join([s for f in self.frames for s in f] + self.basics + self.benign).split()
         self.vocab = sorted(set(words))
@@ -200,6 +205,7 @@ def run(sizes: list[int], seed: int, spec: str, n_refs: int, n_cands: int) -> di
                  bleu_index_grams=sum(len(t) for t in asp.bleu._max))
         rows.append(r)
     res = {"encoder": used, "embedding_dim": int(dim), "candidates": CANDIDATES, "seed": seed,
+           "encoder_batching": encoder_batching(encoder, cands),
            "orders": list(DEFAULT_ORDERS), "text_gen_s": gen_s,
            "mean_tokens_per_text": statistics.mean(len(tokenize(t)) for t in pool[:2000]),
            "sizes": rows, **naive}
@@ -209,6 +215,21 @@ def run(sizes: list[int], seed: int, spec: str, n_refs: int, n_cands: int) -> di
         res[f"growth_exponents_{key}_steps"] = [
             exponent(x[field], y[field], x["pool"], y["pool"]) for x, y in itertools.pairwise(rows)]
     return res
+
+
+def encoder_batching(encoder, cands: list[str]) -> dict | None:
+    """Length-grouped batches vs one text per forward on the same
+    candidates (a SentenceEncoder only): time, CPU time, bit-identity."""
+    if not isinstance(encoder, SentenceEncoder):
+        return None
+    out: dict = {"groups": len(set(encoder.lengths(cands)))}
+    embeddings = {}
+    for name, enc in (("one_at_a_time", SentenceEncoder(encoder.model, batch_size=1)), ("length_batched", encoder)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        embeddings[name] = enc(cands)
+        out[f"{name}_s"], out[f"{name}_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    out["bit_identical"] = bool(np.array_equal(embeddings["one_at_a_time"], embeddings["length_batched"]))
+    return out
 
 
 def show(res: dict) -> None:
@@ -223,6 +244,11 @@ def show(res: dict) -> None:
     print("growth exponents (first->last; steps): " + "; ".join(
         f"{k} {res[f'growth_exponent_{k}']:.2f} {[round(x, 2) for x in res[f'growth_exponents_{k}_steps']]}"
         for k in ("bleu", "cos", "asp")))
+    b = res.get("encoder_batching")
+    if b:
+        print(f"encoder on the {res['candidates']} candidates: one at a time {b['one_at_a_time_s']:.2f} s "
+              f"({b['one_at_a_time_cpu_s']:.2f} CPU), batched by token length ({b['groups']} groups) "
+              f"{b['length_batched_s']:.2f} s ({b['length_batched_cpu_s']:.2f} CPU), bit-identical: {b['bit_identical']}")
     print(f"naive NLTK: {res['naive_s_per_pair'] * 1e6:.1f} us per (candidate, reference) pair, timed on "
           f"{res['naive_cands']} x {res['naive_refs']}; index vs NLTK on {res['agree_cases']} candidates: "
           f"max |diff| = {res['agree_max_abs_diff']:.2e}")

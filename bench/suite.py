@@ -24,9 +24,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SCRIPTS = ["roofline", "resident", "sync", "diversity", "trl", "steps"]
+SCRIPTS = ["roofline", "resident", "sync", "diversity", "trl", "steps", "eval"]
 SCRIPT_FILE = {"roofline": "bench_roofline.py", "resident": "bench_resident.py", "sync": "bench_sync.py",
-               "diversity": "bench_diversity.py", "trl": "bench_trl.py", "steps": "bench_steps.py"}
+               "diversity": "bench_diversity.py", "trl": "bench_trl.py", "steps": "bench_steps.py",
+               "eval": "bench_eval.py"}
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 
 
@@ -51,6 +52,11 @@ GOALS = [
     ("6 the loop's score() incl. MiniLM (s)", "diversity", "at_10k_with_embedding_s", "{:.1f} s", None, "(candidates' embeddings)"),
     ("7 ours / TRL policy update", "trl", "ratio", "x{:.2f}", lambda v: v <= 1.0, "<= x1.0"),
     ("8 smoke iteration after / before", "steps", "speedup_steps", "x{:.2f} faster", lambda v: v > 1.0, "faster than before"),
+    ("9 vLLM resident: shared base / engine alone", "resident", "vllm_shared.over_vllm_base_model", "x{:.3f}", lambda v: v <= 1.10, "<= x1.10"),
+    ("9 vLLM resident: two copies / engine alone", "resident", "vllm_unshared.over_vllm_base_model", "x{:.3f}", None, "(today's layout)"),
+    ("9 vLLM smoke iteration: shared / two copies", "resident", "vllm_smoke.shared_over_unshared", "x{:.2f}", lambda v: v <= 1.3, "<= x1.3"),
+    ("10 eval, 4 snapshots: mixed / per snapshot (CPU s)", "eval", "speedup.mixed.cpu", "x{:.2f}", lambda v: v >= 3.0, ">= x3"),
+    ("10 eval: answers that differ from per snapshot", "eval", "checks.mixed.answers_differ", "{}", lambda v: v == 0, "0 (same numbers)"),
 ]
 
 

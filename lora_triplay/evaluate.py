@@ -24,6 +24,11 @@ keyed by (benchmark, iteration, role, defender, item id, judge) and a
 fingerprint of the run and the generation settings: a rerun reuses what is
 there, re-judges stored answers when only the judge changed, and computes
 only the rest. The model is loaded only when something must be generated.
+What is left to generate is one queue over every snapshot (and every red
+defender), sorted by prompt length and cut into batch-size engine calls that
+mix adapters; identical greedy requests are generated once (`work.generated`
+counts engine requests). LORA_TRIPLAY_EVAL_SCHEDULE=snapshot keeps the old
+order, one request per unit, for comparison (bench/bench_eval.py).
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from typing import Sequence
 from .benchmarks import Benchmark, Item, load_benchmark, load_eval_set
 from .core.snapshots import SpecError, parse_role
 from .errors import UserError
+from .eval_items import ItemCache, items_path
 from .judging.fixed import Case, ChatEndpoint, is_endpoint
 from .judging.parsing import LABELS
 from .judging.quality import degenerate_rate
@@ -101,72 +107,6 @@ def parse_iterations(spec: str, available: Sequence[int]) -> list[int]:
     return wanted
 
 
-# ------------------------------------------------------------- item cache
-
-class ItemCache:
-    """Append-only per-item results; a half-written last line is cut off."""
-
-    def __init__(self, path: Path, signature: str, fresh: bool = False, writer: bool = True):
-        """`writer` False (ranks > 0 of a multi-process eval): read the file,
-        keep new rows in memory only; rank 0 writes them."""
-        self.path, self.sig, self.writer = Path(path), signature, writer
-        self.rows: dict[tuple, dict] = {}
-        self.answers: dict[tuple, dict] = {}
-        if fresh and self.path.exists() and writer:
-            self.path.unlink()
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):  # interrupted mid-write
-            data = data[: data.rfind(b"\n") + 1]
-            if writer:
-                self.path.write_bytes(data)
-        for line in data.decode("utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("sig") == signature:
-                self._index(row)
-
-    @staticmethod
-    def key(bench: str, it: int, role: str, defender: str, item: str) -> tuple:
-        return (bench, it, role, defender, item)
-
-    def _index(self, row: dict) -> None:
-        k = self.key(row["benchmark"], row["iteration"], row["role"], row["defender"], row["id"])
-        self.rows[k + (row["judge"],)] = row
-        self.answers[k] = row
-
-    def get(self, key: tuple, judge: str) -> dict | None:
-        return self.rows.get(key + (judge,))
-
-    def answer(self, key: tuple) -> dict | None:
-        return self.answers.get(key)
-
-    def append(self, rows: list[dict]) -> None:
-        if not rows:
-            return
-        if not self.writer:
-            for row in rows:
-                row["sig"] = self.sig
-                self._index(row)
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            for row in rows:
-                row["sig"] = self.sig
-                f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-                self._index(row)
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def items_path(out: Path) -> Path:
-    out = Path(out)
-    return out.with_name(out.name + ".items.jsonl")
-
-
 # ---------------------------------------------------------------- running
 
 @dataclass
@@ -189,6 +129,8 @@ class EvalOptions:
     embedding_model: str | None = None
     fresh: bool = False
     progress: bool = True
+    # how pending units become engine calls (Evaluator._chunks): mixed, or snapshot (the old order)
+    schedule: str = field(default_factory=lambda: os.environ.get("LORA_TRIPLAY_EVAL_SCHEDULE", "mixed"))
 
 
 @dataclass
@@ -215,6 +157,8 @@ class Evaluator:
         from .triplay.roles import load_techniques
 
         self.opts = opts
+        if opts.schedule not in ("mixed", "snapshot"):
+            raise UserError(f"LORA_TRIPLAY_EVAL_SCHEDULE={opts.schedule!r}: use mixed or snapshot")
         self.recipe = read_run_recipe(opts.run_dir)
         if self.recipe.game != "triplay":
             raise UserError(f"{opts.run_dir} is a {self.recipe.game} run: `eval` measures TriPlay's red, blue and eval; a "
@@ -291,11 +235,11 @@ class Evaluator:
         task = None
         if bar is not None:
             task = bar.add_task(what + (f" ({reused} of {len(units)} reused)" if reused else ""), total=len(todo))
-        for start in range(0, len(todo), self.opts.batch_size):
-            chunk = todo[start : start + self.opts.batch_size]
-            stored = {i: self.cache.answer(units[i].key) for i in chunk}
-            fresh = [i for i in chunk if stored[i] is None and units[i].response is None]
-            texts = dict(zip(fresh, self._generate([units[i] for i in fresh])))
+        stored = {i: self.cache.answer(units[i].key) for i in todo}
+        for chunk, groups in self._chunks(units, todo, stored):
+            texts: dict[int, str] = {}
+            for group, text in zip(groups, self._generate([units[g[0]] for g in groups])):
+                texts.update(dict.fromkeys(group, text))
             texts.update({i: units[i].response if stored[i] is None else stored[i]["response"] for i in chunk if i not in texts})
             labels = judge([Case(units[i].prompt, texts[i], units[i].item.expected) for i in chunk]) if label else [None] * len(chunk)
             self.work["judged"] += len(chunk) if label else 0
@@ -312,6 +256,43 @@ class Evaluator:
             if bar is not None:
                 bar.advance(task, len(chunk))
         return rows  # type: ignore[return-value]
+
+    def _chunks(self, units: list[Unit], todo: list[int], stored: dict[int, dict | None]):
+        """(chunk, groups) pairs: `chunk` the unit indices judged and written
+        together, `groups` the requests to generate for it (each a list of
+        units that share one answer). A chunk is written before the next
+        starts, so an interrupted eval keeps all but the chunk in flight.
+
+        `mixed` (the default): every pending unit of every snapshot is one
+        queue; identical greedy requests (same adapter, same chat: red's
+        rewrites repeat across iterations) are generated once; the queue is
+        sorted by prompt length so a batch pads little (on a CPU prefill
+        cost follows the padded width); batch_size distinct requests per
+        call, snapshots mixed. `snapshot`: the order the units come in
+        (benchmark, iteration, item), one request per unit, as before
+        (the reference bench/bench_eval.py times against)."""
+        size = self.opts.batch_size
+        gen = [i for i in todo if stored[i] is None and units[i].response is None]
+        rest = [i for i in todo if stored[i] is not None or units[i].response is not None]
+        if self.opts.schedule == "snapshot":
+            needs = set(gen)
+            for start in range(0, len(todo), size):
+                chunk = todo[start : start + size]
+                yield chunk, [[i] for i in chunk if i in needs]
+            return
+        greedy = self.opts.temperature <= 0.0
+        groups: dict[object, list[int]] = {}
+        for i in gen:
+            groups.setdefault(_request_key(units[i]) if greedy else i, []).append(i)
+        queue = sorted(groups.values(), key=lambda g: _length(units[g[0]]))
+        for start in range(0, len(queue), size):
+            part = queue[start : start + size]
+            yield [i for g in part for i in g], part
+        # answers stored or given: judged only (a judge that generates, eval@N, likes even widths too)
+        answer = {i: (units[i].response if stored[i] is None else stored[i]["response"]) or "" for i in rest}  # type: ignore[index]
+        rest.sort(key=lambda i: _length(units[i]) + len(answer[i]))
+        for start in range(0, len(rest), size):
+            yield rest[start : start + size], []
 
     # ---------------------------------------------------------------- roles
     def blue(self, benches: list[Benchmark], its: list[int], bar=None) -> dict:
@@ -411,6 +392,16 @@ def _snapshots(names: list[str]) -> str:
     """`3 snapshots (base, blue@1, blue@2)`; a long list keeps its ends."""
     shown = names if len(names) <= 4 else [names[0], names[1], "...", names[-1]]
     return f"{_n(len(names), 'snapshot')} ({', '.join(shown)})"
+
+
+def _request_key(u: Unit) -> tuple:
+    """What the engine sees of a unit: two units with equal keys get the same greedy answer."""
+    return (u.adapter, json.dumps(u.messages, sort_keys=True) if u.messages else u.prompt)
+
+
+def _length(u: Unit) -> int:
+    """A unit's prompt length in characters (the blue system prompt is the same for all, left out)."""
+    return sum(len(m.get("content", "")) for m in u.messages) if u.messages else len(u.prompt)
 
 
 def progress_bars(console=None, enabled: bool = True):

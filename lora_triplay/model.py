@@ -109,6 +109,12 @@ def load_base(cfg: ModelConfig, place: bool = True):
         model.to(device)
     log.info("base %s: %s on %s, attention %s%s", cfg.base, str(dtype).removeprefix("torch."), device.type, attention,
              ", 4-bit NF4 (QLoRA)" if quant is not None else "")
+    freeze_base(model, cfg)
+    return model, load_tokenizer(path, cfg), path
+
+
+def freeze_base(model, cfg: ModelConfig) -> None:
+    """Every base weight frozen; gradient checkpointing as the recipe asks."""
     for p in model.parameters():
         p.requires_grad_(False)
     if cfg.gradient_checkpointing:
@@ -116,7 +122,6 @@ def load_base(cfg: ModelConfig, place: bool = True):
         # activations recomputed in backward without input grads.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    return model, load_tokenizer(path, cfg), path
 
 
 def peft_lora_config(cfg: LoraConfig):

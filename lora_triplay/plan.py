@@ -56,10 +56,11 @@ class Shape:
     vocab: int
     tied: bool
     qk_norm: bool = False  # Qwen3 normalises queries and keys per head
+    architecture: str = ""  # e.g. Qwen3ForCausalLM: whether engine.share_base maps it
 
     @classmethod
     def from_config(cls, cfg: dict, name: str) -> "Shape":
-        cfg = cfg.get("text_config", cfg)
+        outer, cfg = cfg, cfg.get("text_config", cfg)
         try:
             heads = cfg["num_attention_heads"]
             return cls(
@@ -73,6 +74,7 @@ class Shape:
                 vocab=cfg["vocab_size"],
                 tied=bool(cfg.get("tie_word_embeddings", False)),
                 qk_norm=str(cfg.get("model_type", "")).startswith("qwen3"),
+                architecture=(cfg.get("architectures") or outer.get("architectures") or [""])[0],
             )
         except KeyError as exc:
             raise PlanError(f"{name}: config has no {exc.args[0]!r}; plan knows dense decoder configs (Llama, Qwen, Mistral)") from None
@@ -266,20 +268,35 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         share = r.engine.gpu_memory_utilization * gpu_memory_gb
         vllm_weights = params * dtype_b / tp / GB
         kv_gb = share - vllm_weights - VLLM_OVERHEAD_GB
-        add(Item(f"vLLM share (gpu_memory_utilization {r.engine.gpu_memory_utilization}: base copy {vllm_weights:.1f} GB + KV cache)",
-                 share, "engine.gpu_memory_utilization", "rollouts"))
+        sharing = _plan_sharing(r, shape, gpus, plan)
+        # Shared: vLLM's share holds the one base copy, already counted as the
+        # trainer's base weights above; only the rest of the share is new.
+        copy = 0.0 if sharing else vllm_weights
+        counted = share - (vllm_weights if sharing else 0.0)
+        what = "less the shared base: KV cache" if sharing else f"base copy {vllm_weights:.1f} GB + KV cache"
+        add(Item(f"vLLM share (gpu_memory_utilization {r.engine.gpu_memory_utilization}, {what})", counted,
+                 "engine.gpu_memory_utilization", "rollouts"))
         if r.engine.enable_sleep_mode:
-            add(Item("vLLM asleep (level 1: weights offloaded, KV cache freed)", VLLM_ASLEEP_GB, "nothing to turn", "update"))
+            asleep = "KV cache released; the shared weights stay" if sharing else "level 1: weights offloaded, KV cache freed"
+            add(Item(f"vLLM asleep ({asleep})", VLLM_ASLEEP_GB, "nothing to turn", "update"))
         else:
-            add(Item("vLLM awake during the update (engine.enable_sleep_mode: false)", share, "engine.enable_sleep_mode=true", "update"))
+            add(Item("vLLM awake during the update (engine.enable_sleep_mode: false)", counted, "engine.enable_sleep_mode=true", "update"))
         free_at_start = gpu_memory_gb - sum(i.gb for i in plan.items if i.moment == "both")
+        most = free_at_start + (vllm_weights if sharing else 0.0)  # the largest share that fits next to the trainer
+        if sharing and free_at_start > 0:
+            plan.notes.append(f"engine.share_base: one copy of the base for trainer and vLLM ({vllm_weights:.1f} GB less than two); "
+                              f"the freed memory can go to vLLM's KV cache: gpu_memory_utilization up to "
+                              f"{math.floor(most / gpu_memory_gb * 100) / 100:.2f} gives {max(most - vllm_weights - VLLM_OVERHEAD_GB, 0):.1f} GB "
+                              f"(now {max(kv_gb, 0):.1f} GB)")
+        elif r.engine.share_base is not False and not plan.problems:
+            plan.notes.append(f"a second copy of the base for vLLM: {copy:.1f} GB (engine.share_base would save it where it applies)")
         if free_at_start <= 0:
             pass  # the trainer alone does not fit: the peak check says so
-        elif share > free_at_start:
+        elif counted > free_at_start:
             plan.problems.append(
                 f"vLLM asks for {share:.1f} GB (engine.gpu_memory_utilization {r.engine.gpu_memory_utilization} x {gpu_memory_gb:.0f} GB) "
-                f"but only {free_at_start:.1f} GB are free next to the trainer; lower engine.gpu_memory_utilization to "
-                f"{math.floor(free_at_start / gpu_memory_gb * 100) / 100:.2f} or below")
+                f"but only {most:.1f} GB are free next to the trainer; lower engine.gpu_memory_utilization to "
+                f"{math.floor(most / gpu_memory_gb * 100) / 100:.2f} or below")
         elif kv_gb * GB < kv_tok * seq:
             plan.problems.append(
                 f"vLLM's share of {share:.1f} GB leaves {max(kv_gb, 0):.1f} GB of KV cache after its {vllm_weights:.1f} GB base copy, "
@@ -313,6 +330,21 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
     elif r.model.fsdp:
         plan.notes.append("model.fsdp shards the base across several GPUs; on one it changes nothing")
     return plan
+
+
+def _plan_sharing(r, shape: Shape, gpus: int, plan: Plan) -> bool:
+    """Whether `run` would share one base between trainer and vLLM on GPUs
+    (engine/shared_base.py); a `true` that cannot hold is a problem."""
+    from .engine.share_rules import why_not_share
+
+    if r.engine.share_base is False:
+        return False
+    reason = why_not_share(r.model, r.engine, [shape.architecture] if shape.architecture else [], gpus)
+    if reason and r.engine.share_base is True:
+        plan.problems.append(f"engine.share_base=true cannot hold: {reason}; set engine.share_base=auto or false")
+    elif reason:
+        plan.notes.append(f"engine.share_base=auto: two copies of the base (trainer and vLLM): {reason}")
+    return reason is None
 
 
 # ----------------------------------------------------------------- output

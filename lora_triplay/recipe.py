@@ -80,6 +80,9 @@ class EngineConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=64)
     enable_sleep_mode: bool = False
+    share_base: Literal["auto", True, False] = Field(
+        "auto", description="vllm: the trainer's base is vLLM's own weights (one copy); auto: where supported "
+        "(engine/shared_base.py), with a log line saying why not otherwise")
     max_loras: int | None = Field(None, ge=1, description="adapters in one vLLM batch; default 4 (base, red, blue, eval) + blue@N defenders")
     max_cpu_loras: int | None = Field(None, ge=1, description="adapters vLLM keeps loaded; default max_loras + 2")
 

@@ -400,3 +400,65 @@ def test_fixed_panel_judge(tiny_run, tmp_path):
     rows = _rows(tmp_path / "panel.json")
     assert rows and {r["judge"] for r in rows} == {"panel"}
     assert all(r["label"] in ("negative", "rejective", "positive", None) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def talking_run(tiny_run, tmp_path_factory):
+    """The tiny run with snapshots that answer greedily with text (the
+    trained ones answer blank lines, as the base does): random LoRA B
+    matrices for blue and red 1 and 2, and red@2 a copy of red@1, so red's
+    rewrites repeat across iterations and their attacks are the same
+    requests."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path_factory.mktemp("talking") / "run"
+    shutil.copytree(tiny_run, run)
+    gen = torch.Generator().manual_seed(0)
+    for role in ("blue", "red"):
+        for it in (1, 2):
+            f = run / role / f"iter-{it:04d}" / "adapter_model.safetensors"
+            w = load_file(f)
+            save_file({k: torch.randn(v.shape, generator=gen) if "lora_B" in k else v for k, v in w.items()}, f)
+    shutil.copy(run / "red/iter-0001/adapter_model.safetensors", run / "red/iter-0002/adapter_model.safetensors")
+    return run
+
+
+@needs_data
+def test_mixed_schedule_gives_the_per_snapshot_answers(talking_run, tmp_path, monkeypatch):
+    """One queue over every snapshot (sorted by length, identical greedy
+    requests once) gives, item by item, the answers and labels of the old
+    snapshot-ordered chunks; a rerun computes nothing and says the same."""
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.evaluate import EvalOptions, run_eval
+
+    calls: list[list[str]] = []
+    real = HFEngine.generate
+    monkeypatch.setattr(HFEngine, "generate", lambda self, reqs, s: calls.append([r.adapter for r in reqs]) or real(self, reqs, s))
+    benches = [f"jbb={DATA / 'jbb/harmful-behaviors.csv'}", f"xs={DATA / 'xstest/xstest_prompts.csv'}"]
+
+    def run(schedule, name):
+        calls.clear()
+        opts = EvalOptions(run_dir=talking_run, out=tmp_path / name, benchmarks=benches, roles=["blue", "red"], temperature=0.0,
+                           limit=3, batch_size=4, defenders=["base", "blue"], progress=False, schedule=schedule)
+        res = run_eval(opts)
+        rows = {(r["benchmark"], r["iteration"], r["role"], r["defender"], r["id"]): (r["response"], r["label"]) for r in _rows(opts.out)}
+        return res, rows, [list(c) for c in calls]
+
+    old, old_rows, old_calls = run("snapshot", "old.json")
+    new, new_rows, new_calls = run("mixed", "new.json")
+    assert new_rows == old_rows and len(new_rows) == 3 * 2 * 3 + 3 * 3 + 2 * 2 * 3  # blue, red's rewrites, red's attacks
+    assert len({text for text, _ in new_rows.values()}) > 10 and {lab for _, lab in new_rows.values()} >= {"negative", "positive"}
+    for key in ("benchmarks", "red"):
+        assert new[key] == old[key]
+    # calls mix snapshots; red@2 rewrites as red@1 does, so its attacks are red@1's requests, sent once
+    assert any(len({a for a in c if a.startswith("blue@") or a == "base"}) > 1 for c in new_calls)
+    assert old["work"]["generated"] == sum(map(len, old_calls)) == len(old_rows)
+    assert new["work"]["generated"] == sum(map(len, new_calls)) == len(new_rows) - 2 * 3
+    assert max(map(len, new_calls)) <= 4  # batch_size distinct requests a call
+
+    again, again_rows, again_calls = run("mixed", "new.json")
+    assert again_calls == [] and again["work"]["generated"] == 0 and again["work"]["reused"] == len(new_rows)
+    assert again_rows == new_rows and again["benchmarks"] == new["benchmarks"] and again["red"] == new["red"]

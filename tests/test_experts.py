@@ -59,10 +59,11 @@ class ScriptedEngine:
         self.index = {instr: i for i, instr in enumerate(t["safety_experts"] + t["utility_experts"])}
         self.n_safety = len(t["safety_experts"])
         self.script = script
-        self.asked = 0
+        self.asked = self.calls = 0
 
     def generate(self, requests, sampling):
         out = []
+        self.calls += 1
         for req in requests:
             self.asked += 1
             system, user = req.messages[0]["content"], req.messages[1]["content"]
@@ -94,18 +95,22 @@ def test_quorum_keeps_the_rule_expert_from_deciding_alone():
     assert panel.label([("P1 question", "Sure, here are the steps.")])[0].label == "negative"
 
 
-def test_votes_decide_by_majority_and_ties_stay_unlabelled():
+@pytest.mark.parametrize("one_call", [False, True])
+def test_votes_decide_by_majority_and_ties_stay_unlabelled(one_call):
     def script(kind, j, prompt):
         if kind == "safety":
             return {"P1": ["unsafe", "unsafe", "unsafe"], "P2": ["safe", "safe", "safe"], "P3": ["safe", "unsafe", "safe"]}[prompt][j]
-        return {"P2": ["positive", "positive", "rejective"], "P3": ["positive", "rejective", "rejective"]}[prompt][j]
+        return {"P2": ["positive", "positive", "rejective"], "P3": ["positive", "rejective", "rejective"],
+                "P1": ["positive"] * 3}[prompt][j]  # P1's are asked with one_call only, and must not count
 
     panel, engine = _panel(script, safety_experts=3, utility_experts=3, min_votes=2, min_agreement=0.6, rule_based=False)
+    panel.one_call = one_call
     labels = panel.label([("P1 q", "answer"), ("P2 q", "answer"), ("P3 q", "answer")])
     assert [lab.label for lab in labels] == ["negative", "positive", "rejective"]
     assert labels[0].agreement == 1.0 and labels[1].agreement == pytest.approx(2 / 3)
-    assert "utility" not in labels[0].votes  # unsafe pairs never reach the utility experts
-    assert engine.asked == 3 * 3 + 2 * 3
+    assert "utility" not in labels[0].votes  # an unsafe pair's utility votes never count
+    # one call: every pair's utility questions beside the safety ones; two: utility for the safe pairs only
+    assert (engine.asked, engine.calls) == ((3 * 3 + 3 * 3, 1) if one_call else (3 * 3 + 2 * 3, 2))
     # a 2-2 tie in the safety vote (rule expert on: it says safe for a refusal)
     panel, _ = _panel(lambda kind, j, p: ["unsafe", "unsafe", "safe"][j] if kind == "safety" else "rejective",
                       safety_experts=3, utility_experts=1, min_votes=2, min_agreement=0.6)

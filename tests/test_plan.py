@@ -71,11 +71,12 @@ def test_vllm_share_must_fit_beside_the_trainer():
     plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.35"]), gpu_memory_gb=80)
     assert not plan.fits and "raise engine.gpu_memory_utilization" in plan.refusal("r")
     # ...and a share larger than what the trainer leaves free cannot start
-    plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.7"]), gpu_memory_gb=80)
+    plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.7", "engine.share_base=false"]), gpu_memory_gb=80)
     assert not plan.fits and "lower engine.gpu_memory_utilization to 0.54" in plan.refusal("r")
     # without sleep mode the update carries vLLM's whole share
-    awake = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.enable_sleep_mode=false"]), gpu_memory_gb=80)
-    assert awake.peak("update") > make_plan(load_recipe(ROOT / "recipes" / "14b.yaml"), gpu_memory_gb=80).peak("update") + 30
+    two = ["engine.share_base=false"]
+    awake = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.enable_sleep_mode=false", *two]), gpu_memory_gb=80)
+    assert awake.peak("update") > make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", two), gpu_memory_gb=80).peak("update") + 30
 
 
 def test_qlora_shrinks_the_base():
@@ -154,3 +155,23 @@ def test_fsdp_on_a_torch_without_ignored_params_is_one_line(monkeypatch):
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, *, mesh=None: module)  # an older signature
     with pytest.raises(UserError, match=r"model.fsdp needs torch >= 2.7 .*upgrade torch or drop model.fsdp"):
         check_supported()
+
+
+def test_shared_base_counts_one_copy_and_shows_what_it_frees():
+    two = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.share_base=false"]), gpu_memory_gb=80)
+    one = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml"), gpu_memory_gb=80)  # auto: Qwen3, TP 1, bf16 -> shared
+    base = 14_768_307_200 * 2 / 1e9
+    assert two.peak("rollouts") - one.peak("rollouts") == pytest.approx(base)
+    assert one.peak("update") == pytest.approx(two.peak("update"))  # asleep either way: vLLM's weights are off the trainer's books
+    note = next(n for n in one.notes if n.startswith("engine.share_base"))
+    assert "29.5 GB less than two" in note and "gpu_memory_utilization up to 0.91" in note
+    # what two copies could not start, one copy can: 0.7 x 80 GB beside the trainer
+    assert make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.7"]), gpu_memory_gb=80).fits
+
+
+def test_share_base_true_where_it_cannot_hold_is_a_plan_problem():
+    plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.share_base=true", "engine.tensor_parallel_size=2"]),
+                     gpus=2, gpu_memory_gb=80)
+    assert not plan.fits and "share_base=true cannot hold: engine.tensor_parallel_size is 2" in plan.refusal("r")
+    auto = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.tensor_parallel_size=2"]), gpus=2, gpu_memory_gb=80)
+    assert any("two copies" in n and "tensor_parallel_size" in n for n in auto.notes)

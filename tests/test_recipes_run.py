@@ -67,6 +67,8 @@ def test_recipe_runs_on_the_tiny_base(name, tiny32, tmp_path):
     assert f"GRPO forward: {expected}" in log
     if recipe.engine.backend == "vllm":
         assert "vLLM engine up" in log
+        # engine.share_base: auto shares the tiny Qwen3 between trainer and vLLM (engine/shared_base.py)
+        assert ("one copy" in log) == (recipe.engine.share_base is not False), log[-2000:]
     if any(d.name == "blue@1" for d in recipe.defenders):
         red2 = rows[3]
         assert "asr_blue@1" in red2 or red2.get("dropped", 0) > 0, red2

@@ -35,7 +35,8 @@ def eval_command(
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="answer length (default: the recipe's grpo.max_new_tokens)"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (reproducible)"),
     seed: int = typer.Option(0, "--seed", help="torch seed for sampled answers"),
-    batch_size: int = typer.Option(16, "--batch-size", min=1, help="items per generate call (a chunk is written before the next starts)"),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="distinct requests per generate call, every snapshot in one length-sorted queue "
+                                                                      "(a chunk is written before the next starts)"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: the recipe's)"),
     embedding_model: Optional[str] = typer.Option(None, "--embedding-model", help="encoder for OD (default: the recipe's rewards.embedding_model)"),
     fresh: bool = typer.Option(False, "--fresh", help="delete OUT.items.jsonl and compute everything again"),

@@ -156,10 +156,20 @@ class Session:
             check_fits_gpu(r, self.collective.world)
         t0 = time.perf_counter()
         game = self.game
-        self.model, self.tokenizer, self.base_path = load_role_model(r.model, r.lora, r.seed, list(game.roles.values()), self.collective.world)
+        shared = self._load_shared()
+        if shared is None:
+            self.model, self.tokenizer, self.base_path = load_role_model(r.model, r.lora, r.seed, list(game.roles.values()), self.collective.world)
+        else:
+            self.model, self.tokenizer, self.base_path, self.engine = shared
         self.model.eval()
         log.info("base %s loaded with %d adapters in %.1fs (game %s)", r.model.base, len(game.roles), time.perf_counter() - t0, game.name)
-        self.engine = self._make_engine()
+        if shared is None:
+            self.engine = self._make_engine()
+        if r.engine.backend == "vllm":
+            # vLLM seeds torch's RNG when it starts: reseed, so the first
+            # rollouts do not depend on whether it started before the
+            # trainer (shared base) or after it.
+            _seed_everything(r.seed)
         if self.collective.world > 1:
             from ..engine.sharded import ShardedEngine
 
@@ -182,6 +192,30 @@ class Session:
             self._commit()
         else:
             self._restore()
+
+    def _load_shared(self):
+        """(model, tokenizer, base path, engine) on one base copy when
+        `engine.share_base` applies (engine/shared_base.py), else None."""
+        r = self.recipe
+        if r.engine.backend != "vllm" or r.engine.share_base is False:
+            return None
+        from ..engine import shared_base
+
+        share, reason = shared_base.wanted(r, self.collective.world)
+        if not share:
+            log.info("engine.share_base=auto: two copies of the base (trainer and vLLM): %s", reason)
+            return None
+        from ..engine.vllm import VLLMEngine
+
+        out = VLLMEngine.with_shared_trainer(r, list(self.game.roles.values()), self.game, self.collective.world,
+                                             {"enable_thinking": r.model.enable_thinking})
+        if isinstance(out, tuple):
+            return out
+        if r.engine.share_base is True:
+            raise UserError(f"engine.share_base=true: the start-up check refused to share the base: {out}; "
+                            "set engine.share_base=false (and report it: the mapping onto vLLM's layout is wrong)")
+        log.warning("engine.share_base=auto: the start-up check refused to share (%s); loading a second copy", out)
+        return None
 
     def _make_engine(self):
         r = self.recipe

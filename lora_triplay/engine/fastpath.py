@@ -1,7 +1,7 @@
 """What makes the HF engine's rollouts fast without changing a number.
 
 Measured on SmolLM2-135M, 32 rows, one CPU thread (bench/BENCHMARKS.md): a
-decode step took 407 ms against a ~90 ms compute floor. Three costs, each
+decode step took 407 ms against a ~90 ms compute floor. Four costs, each
 removed here, each tested against the plain path (same tokens, log-probs
 within 1e-4):
 
@@ -21,6 +21,11 @@ within 1e-4):
   once per query head it serves (a copy of the whole cache per layer per
   step); here the query heads are grouped onto their key/value head and
   attend with two batched matmuls. Longer queries (prefill) go to SDPA.
+- **the base's GEMMs** (`fastgemm.py`): oneDNN instead of MKL for fp32 on
+  CPU, q/k/v and gate/up as one GEMM each (with their LoRA deltas), every
+  LoRA layer without a hook, the lm_head in column blocks.
+`ONEDNN`, `FUSE` and `LM_HEAD_BLOCK` turn the last one off part by part
+(bench_roofline.py --compare runs the fast path with and without it).
 """
 from __future__ import annotations
 
@@ -30,8 +35,15 @@ from functools import partial
 import torch
 
 from ..training.precision import widened
+from .fastgemm import blocked_lm_head, find_groups, onednn_linears, onednn_ok, plain_linears
 
 DECODE_ATTENTION = "lora_triplay_decode"
+
+# Module-level switches, read when serving starts; bench_roofline.py turns
+# them off for its side-by-side "before" (the numbers are the same either way).
+ONEDNN = True  # base GEMMs (every plain Linear of the base) through oneDNN
+FUSE = True  # q/k/v and gate/up as one GEMM each, every LoRA layer without a hook
+LM_HEAD_BLOCK = 4096  # columns per lm_head GEMM; 0: transformers' own lm_head
 
 
 # ------------------------------------------------------------ multi-LoRA
@@ -47,6 +59,13 @@ class MultiLora:
         self.supported = bool(self.layers) and all(
             not getattr(m, "use_dora", {}).get(name, False) for m in self.layers for name in m.lora_A
         )
+        from ..training.sharding import is_sharded
+
+        # a sharded base owns its parameters' storage (FSDP's flat params)
+        self.groups = find_groups(model) if self.supported and not is_sharded(model) else []
+        # the base's Linears do not change when adapters come and go (their
+        # own A/B are not among them): found once, not per generate call
+        self.linears = plain_linears(model) if self.supported else []
 
     @contextlib.contextmanager
     def serving(self, adapters: list[str]):
@@ -67,13 +86,25 @@ class MultiLora:
         self._stacks = stacks
         self._adapters = list(adapters)
         self._masks: dict = {}
-        handles = [layer.register_forward_hook(self._hook) for layer in stacks]
+        handles, patched = [], []
         try:
-            with self.model.disable_adapter():
+            with self.model.disable_adapter():  # also unmerges a merged adapter before the weights are read
+                use_onednn = ONEDNN and onednn_ok()
+                if use_onednn:
+                    patched += onednn_linears(self.linears)
+                if FUSE:
+                    for group in self.groups:
+                        patched += group.serve(self, use_onednn)
+                done = {id(m) for m in patched}
+                handles = [layer.register_forward_hook(self._hook) for layer in stacks if id(layer) not in done]
+                if LM_HEAD_BLOCK:
+                    patched += blocked_lm_head(self.model, LM_HEAD_BLOCK, use_onednn)
                 yield self
         finally:
             for h in handles:
                 h.remove()
+            for module in patched:
+                module.__dict__.pop("forward", None)
             self._stacks, self._masks = {}, {}
 
     def rows(self, index: torch.Tensor) -> None:

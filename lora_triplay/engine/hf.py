@@ -8,7 +8,8 @@ weights with the trainer, so a sync is free.
 
 Two ways to run a mixed batch, same numbers (tests/test_engine_hf.py): the
 fast path (`fastpath.py`: stacked LoRA GEMMs, an in-place KV cache, grouped
-decode attention) and PEFT's own per-row `adapter_names`, kept as the
+decode attention; `fastgemm.py`: oneDNN GEMMs on CPU, q/k/v and gate/up as
+one GEMM each, a blocked lm_head) and PEFT's own per-row `adapter_names`, kept as the
 reference and for models the fast path does not cover
 (`LORA_TRIPLAY_FAST_ENGINE=0` forces it).
 """

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -37,6 +38,7 @@ import torch
 
 from ..errors import UserError
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose
+from .shared_base import engine_model, onednn_cpu_linears, plain_cpu_linears
 from .vllm_adapters import AdapterServing, _Served, write_zero_adapter
 from .vllm_setup import (
     _import_vllm,
@@ -77,10 +79,16 @@ class VLLMEngine(AdapterServing, ChatTokens):
         zero_template: str | Path | None = None,
         llm_kwargs: dict | None = None,
         processes: int = 1,
+        share_base: bool = False,
     ):
         LLM, self._SamplingParams, self._TokensPrompt, self._LoRARequest = _import_vllm()
         self.cpu = _is_cpu_platform()
         self.cpu_lora_patch = False
+        # One base copy for trainer and engine (shared_base.py): vLLM must run
+        # in this process, and only its KV cache may be released.
+        self.share_base = share_base
+        if share_base:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.cpu:
             _set_cpu_env(tensor_parallel_size)
             check_cpu_head_size(base_path, trust_remote_code, revision)
@@ -148,10 +156,26 @@ class VLLMEngine(AdapterServing, ChatTokens):
             kwargs.update(parallel_kwargs(processes, tensor_parallel_size, self.cpu))
         kwargs.update(llm_kwargs or {})
         t0 = time.perf_counter()
-        self.llm = LLM(**kwargs)
+        # Plain weights on the CPU: sharing needs them; the env var gives an
+        # unshared engine the same kernels (tests and bench compare the two).
+        plain = share_base or os.environ.get("LORA_TRIPLAY_VLLM_CPU_PLAIN_LINEARS") == "1"
+        with plain_cpu_linears(plain and self.cpu):
+            self.llm = LLM(**kwargs)
+        if plain and self.cpu:
+            log.info("vLLM on CPU with plain weights: %d linears on oneDNN (unpacked)", onednn_cpu_linears(self.model_module()))
         self.startup_seconds = time.perf_counter() - t0
         log.info("vLLM engine up in %.1fs (max_loras=%d, max_lora_rank=%d)", self.startup_seconds, max_loras, kwargs["max_lora_rank"])
 
+        if trainer is not None or zero_template is not None:
+            self.attach_trainer(trainer, zero_template)
+        elif not share_base:
+            raise ValueError("VLLMEngine needs `trainer` or `zero_template` (an adapter folder) to build the `base` zero adapter")
+
+    def attach_trainer(self, trainer, zero_template: str | Path | None = None) -> None:
+        """Serve `trainer`'s adapters from now on (an engine built with
+        share_base gets its trainer after start: the trainer is built on
+        the engine's weights). Registers `base`, the zero adapter."""
+        self.trainer = trainer
         # `base` = zero adapter: a copy of any adapter of the right shape.
         if zero_template is None and trainer is not None:
             first = next(iter(trainer.peft_config))
@@ -161,41 +185,81 @@ class VLLMEngine(AdapterServing, ChatTokens):
         self._register(BASE, write_zero_adapter(Path(zero_template), self._tmp / "base.zero"))
         shutil.rmtree(self._tmp / "template", ignore_errors=True)
 
+    def model_module(self):
+        """vLLM's own nn.Module (in-process engines only; shared_base.py)."""
+        return engine_model(self.llm)
+
     # ------------------------------------------------------------ building
     @classmethod
     def from_session(cls, session, chat_kwargs: dict | None = None) -> "VLLMEngine":
         """The run's engine: options from `recipe.engine`, adapters from the
         session's PeftModel (synced now, and after every optimizer step)."""
-        r = session.recipe
-        e = r.engine
-        snapshots = session.game.extra_adapters()
-        max_loras = e.max_loras or (1 + len(session.game.roles) + snapshots)  # base, the roles, past snapshots
-        max_cpu_loras = e.max_cpu_loras or (max_loras + 2)
         dtype = None
         if not _is_cpu_platform():
             emb = session.model.get_input_embeddings().weight
             dtype = str(emb.dtype).removeprefix("torch.")
-        engine = cls(
-            session.base_path,
-            session.tokenizer,
-            trainer=session.model,
+        engine = cls(session.base_path, session.tokenizer, trainer=session.model, chat_kwargs=chat_kwargs, dtype=dtype,
+                     **cls.recipe_options(session.recipe, session.game, session.collective.world))
+        for adapter in session.game.roles.values():
+            engine.sync_adapter(adapter)
+        return engine
+
+    @classmethod
+    def with_shared_trainer(cls, recipe, names: list[str], game, world: int, chat_kwargs: dict):
+        """engine.share_base: start vLLM, build the trainer's PeftModel on its
+        weights (shared_base.py) and check the two agree. Returns (model,
+        tokenizer, base path, engine), or the one-line reason the start-up
+        check refused to share (the engine is closed then)."""
+        from ..bases import resolve_base
+        from ..model import attach_role_adapters, freeze_base, load_tokenizer, pick_attention, pick_device, pick_dtype
+        from . import shared_base
+
+        cfg = recipe.model
+        path = resolve_base(cfg.base, cfg.revision)
+        device = pick_device(cfg)
+        dtype = pick_dtype(cfg, device)
+        tokenizer = load_tokenizer(path, cfg)
+        engine = cls(path, tokenizer, chat_kwargs=chat_kwargs, dtype=str(dtype).removeprefix("torch."), share_base=True,
+                     **cls.recipe_options(recipe, game, world))
+        try:
+            vmodel = engine.model_module()
+            base = shared_base.trainer_on_engine(vmodel, path, cfg, dtype, pick_attention(cfg, device))
+            freeze_base(base, cfg)
+            model = attach_role_adapters(base, recipe.lora, recipe.seed, names)
+            engine.attach_trainer(model)
+            extra = shared_base.shares_every_weight(model, vmodel)
+            problem = (f"{extra / 2**20:.1f} MB of the trainer's base is not vLLM's" if extra
+                       else shared_base.check_same_forward(engine, model, tokenizer))
+        except BaseException:
+            engine.close()
+            raise
+        if problem:
+            engine.close()
+            return problem
+        for name in names:
+            engine.sync_adapter(name)
+        weights = shared_base.storage_bytes(p for n, p in model.named_parameters() if "lora_" not in n)
+        log.info("engine.share_base: the trainer's base is vLLM's weights (one copy, %.0f MB)", weights / 2**20)
+        return model, tokenizer, path, engine
+
+    @staticmethod
+    def recipe_options(r, game, world: int) -> dict:
+        """Constructor options that come from the recipe and the game."""
+        e = r.engine
+        max_loras = e.max_loras or (1 + len(game.roles) + game.extra_adapters())  # base, the roles, past snapshots
+        return dict(
             lora_rank=r.lora.rank,
-            chat_kwargs=chat_kwargs,
-            dtype=dtype,
             seed=r.seed,
             max_loras=max_loras,
-            max_cpu_loras=max_cpu_loras,
+            max_cpu_loras=e.max_cpu_loras or (max_loras + 2),
             gpu_memory_utilization=e.gpu_memory_utilization,
             tensor_parallel_size=e.tensor_parallel_size,
             max_model_len=e.max_model_len,
             enable_sleep_mode=e.enable_sleep_mode,
             trust_remote_code=r.model.trust_remote_code,
             revision=r.model.revision,
-            processes=session.collective.world,
+            processes=world,
         )
-        for adapter in session.game.roles.values():
-            engine.sync_adapter(adapter)
-        return engine
 
     # ----------------------------------------------------------- generation
     def _params(self, sampling: Sampling, n: int, seed: int | None, **extra):

@@ -133,7 +133,23 @@ class AdapterServing:
     def sleep(self) -> None:
         """Free accelerator memory while the trainer runs (GPU + engine.
         enable_sleep_mode only; a no-op otherwise). Weights are offloaded
-        (level 1), the KV cache is dropped."""
+        (level 1), the KV cache is dropped. With a shared base the trainer
+        computes with those weights: only the KV cache is released (a
+        level-0 pause first, as vLLM requires), nothing else moves."""
+        if self.sleep_enabled and not self._sleeping and getattr(self, "share_base", False):
+            if getattr(self, "_kv_release_failed", False):
+                return
+            self.llm.sleep(level=0)
+            try:
+                self.llm.release_kv_cache_memory()
+            except Exception as exc:  # not verified on every vLLM: keep the cache rather than stop the run
+                self.llm.wake_up(tags=["scheduling"])
+                self._kv_release_failed = True
+                log.warning("engine.share_base: vLLM could not release its KV cache for the update (%s); it stays "
+                            "resident, so the update has %s less memory than `plan` counts", exc, "the KV cache's")
+                return
+            self._sleeping = "kv_cache"
+            return
         if self.sleep_enabled and not self._sleeping:
             self._loaded_before_sleep = set(self.llm.llm_engine.list_loras())
             self.llm.sleep(level=1)
@@ -144,11 +160,14 @@ class AdapterServing:
         dropped the loaded adapters (vLLM does after a level-2 sleep and a
         weight reload) gets every served version registered again."""
         if self._sleeping:
-            self.llm.wake_up()
+            kv_only = self._sleeping == "kv_cache"
+            self.llm.wake_up(tags=["kv_cache", "scheduling"] if kv_only else None)
             self._sleeping = False
             for lora_id in self._pending_removals:
                 self.llm.llm_engine.remove_lora(lora_id)
             self._pending_removals.clear()
+            if kv_only:  # weights and loaded adapters never left
+                return
             loaded = set(self.llm.llm_engine.list_loras())
             wanted = getattr(self, "_loaded_before_sleep", set())
             missing = [s for s in self._served.values() if s.version in wanted and s.version not in loaded]

@@ -61,9 +61,11 @@ class EngineSource:
     def __init__(self, engine, name: str, adapter: str = BASE):
         self.engine, self.name, self.adapter = engine, name, adapter
 
-    def ask(self, conversations: list[list[dict]], choices: tuple[str, ...] | None, sampling: Sampling) -> list[tuple[str, bool]]:
-        """(answer, finished) per conversation; `choices` forces one of them."""
-        outs = self.engine.generate([Request(self.adapter, m, n=1, choices=choices) for m in conversations], sampling)
+    def ask(self, conversations: list[list[dict]], choices, sampling: Sampling) -> list[tuple[str, bool]]:
+        """(answer, finished) per conversation, in one engine call; `choices`
+        forces one of them: one tuple for all, or a list with one per conversation."""
+        per = choices if isinstance(choices, list) else [choices] * len(conversations)
+        outs = self.engine.generate([Request(self.adapter, m, n=1, choices=c) for m, c in zip(conversations, per)], sampling)
         return [(o[0].text, o[0].finished) for o in outs]
 
 
@@ -76,7 +78,7 @@ class EndpointSource:
         self.endpoint = ChatEndpoint(spec)
         self.name = self.endpoint.name
 
-    def ask(self, conversations: list[list[dict]], choices: tuple[str, ...] | None, sampling: Sampling) -> list[tuple[str, bool]]:
+    def ask(self, conversations: list[list[dict]], choices, sampling: Sampling) -> list[tuple[str, bool]]:
         """Free text (an endpoint cannot be forced to a choice), parsed like any answer."""
         return [(t, True) for t in self.endpoint.complete(conversations, max_tokens=sampling.max_new_tokens, temperature=0.0)]
 
@@ -119,7 +121,8 @@ def build_sources(specs: Sequence[str], engine, device=None, dtype=None, trust_r
 # -------------------------------------------------------------------- panel
 
 class ExpertPanel:
-    def __init__(self, engine, cfg, *, max_new_tokens: int = 256, choice_mode: bool = True, sources: list | None = None):
+    def __init__(self, engine, cfg, *, max_new_tokens: int = 256, choice_mode: bool = True, sources: list | None = None,
+                 one_call: bool = False):
         self.cfg = cfg
         templates = load_templates()
         self.safety = list(templates["safety_experts"])[: cfg.safety_experts]
@@ -127,27 +130,49 @@ class ExpertPanel:
         self.choice_mode = choice_mode
         self.sources = sources if sources is not None else [EngineSource(engine, SELF)]
         self.sampling = Sampling(max_new_tokens=cfg.max_new_tokens or max_new_tokens, temperature=0.0)
+        self.one_call = one_call
 
-    def _ask(self, instructions: list[str], pairs: list[tuple[str, str]], choices: tuple[str, str]) -> list[list[str | None]]:
-        """votes[pair][source x instruction] from the prompted experts."""
-        if not instructions or not pairs:
-            return [[] for _ in pairs]
-        forced = tuple(f"Verdict: {c}" for c in choices) if self.choice_mode else None
-        conversations = [expert_messages(instr, p, r) for p, r in pairs for instr in instructions]
-        votes: list[list[str | None]] = [[] for _ in pairs]
+    def _ask(self, rounds: list[tuple[list[str], list[tuple[str, str]], tuple[str, str]]]) -> list[list[list[str | None]]]:
+        """votes[round][pair][source x instruction]: every round's questions
+        (instructions x pairs, answered with one of `choices`) in one call per
+        source."""
+        conversations, forced, where = [], [], []
+        for r, (instructions, pairs, choices) in enumerate(rounds):
+            for k, (p, resp) in enumerate(pairs):
+                for instr in instructions:
+                    conversations.append(expert_messages(instr, p, resp))
+                    forced.append(tuple(f"Verdict: {c}" for c in choices) if self.choice_mode else None)
+                    where.append((r, k))
+        votes: list[list[list[str | None]]] = [[[] for _ in pairs] for _, pairs, _ in rounds]
+        if not conversations:
+            return votes
         for source in self.sources:
-            answers = source.ask(conversations, forced, self.sampling)
-            for k, (text, finished) in enumerate(answers):
-                votes[k // len(instructions)].append(parse_verdict(text, choices, finished=finished).label)
+            for (r, k), (text, finished) in zip(where, source.ask(conversations, forced, self.sampling)):
+                votes[r][k].append(parse_verdict(text, rounds[r][2], finished=finished).label)
         return votes
 
     def label(self, pairs: Sequence[tuple]) -> list[PanelLabel]:
         """Pairs are (prompt, response) or (prompt, response, kind) with kind
-        `harmful` (the default: red's wraps of harmful seeds) or `benign`."""
+        `harmful` (the default: red's wraps of harmful seeds) or `benign`.
+
+        The utility experts judge only the pairs the safety vote finds safe.
+        With `one_call` every pair's utility questions go in the same engine
+        call as the safety ones: one call per source instead of two (one
+        decode loop in generate mode), the votes of unsafe pairs dropped, so
+        the labels are the same. Else they wait for the safety vote and
+        unsafe pairs cost no utility question: on the CPU, where every row
+        costs compute, one call took 11.2 s CPU against 6.2 s for the smoke
+        run's eval step in generate mode (no pair passed the safety vote)
+        and the same as two in choice mode with every pair safe (2026-12-01)."""
         pairs = [(p[0], p[1], p[2] if len(p) > 2 else "harmful") for p in pairs]
         plain = [(p, r) for p, r, _ in pairs]
         refusals = [refused(resp) for _, resp, _ in pairs]
-        safety_votes = self._ask(self.safety, plain, ("safe", "unsafe"))
+        safety_round = (self.safety, plain, ("safe", "unsafe"))
+        early_utility = None
+        if self.one_call and self.utility:
+            safety_votes, early_utility = self._ask([safety_round, (self.utility, plain, ("rejective", "positive"))])
+        else:
+            (safety_votes,) = self._ask([safety_round])
         if self.cfg.rule_based:
             for votes, ref, (_, _, kind) in zip(safety_votes, refusals, pairs):
                 votes.append("safe" if ref or kind == "benign" else "unsafe")
@@ -158,7 +183,10 @@ class ExpertPanel:
             results.append(PanelLabel("negative" if verdict == "unsafe" else None, share, {"safety": votes}, quorum))
             if verdict == "safe":
                 safe_idx.append(i)
-        utility_votes = self._ask(self.utility, [plain[i] for i in safe_idx], ("rejective", "positive"))
+        if early_utility is not None:
+            utility_votes = [early_utility[i] for i in safe_idx]
+        else:
+            (utility_votes,) = self._ask([(self.utility, [plain[i] for i in safe_idx], ("rejective", "positive"))])
         for i, votes in zip(safe_idx, utility_votes):
             if self.cfg.rule_based:  # a refusal with guidance on a harmful request is positive (refusals.py)
                 votes.append(rules_label(pairs[i][1], pairs[i][2]))

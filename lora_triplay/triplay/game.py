@@ -85,8 +85,15 @@ class TriPlay(Game):
         self.pool = AttackSuccessPool(encoder, r.rewards.ngram_orders)
         device = next(session.model.parameters()).device
         sources = build_sources(r.experts.models, session.engine, device, session.model.dtype, r.model.trust_remote_code)
-        self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=self.judge_budget(),
-                                 choice_mode=r.rewards.judge_mode == "choice", sources=sources)
+        # One engine call for both votes where rows are cheap and a call is a
+        # decode loop: on a GPU a decode step costs about the same for 1 row
+        # as for 64 (engine/hf.py _batches), so the utility questions asked
+        # for unsafe pairs cost little and one loop replaces two (not yet
+        # measured on a GPU). On the CPU they cost their compute
+        # (ExpertPanel.label, measured), so the panel asks in two rounds.
+        choice = r.rewards.judge_mode == "choice"
+        self.panel = ExpertPanel(session.engine, r.experts, max_new_tokens=self.judge_budget(), choice_mode=choice,
+                                 sources=sources, one_call=not choice and device.type != "cpu")
         self.data = RunData(r, session.state, self.panel)
         self.model_defenders = defender_set.model_sources(r.defenders, session.engine, device, session.model.dtype,
                                                           r.model.trust_remote_code)

@@ -36,6 +36,17 @@ from .roles import EVAL, blue_messages, eval_messages, red_messages, semantic_me
 SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 
 
+@dataclass(frozen=True)
+class EvalAsk:
+    """Questions for the eval adapter: chats, the forced choices (choice
+    mode), the labels an answer parses to and its answer line's key."""
+
+    messages: list
+    choices: tuple[str, ...]
+    labels: tuple[str, ...]
+    key: str
+
+
 @dataclass
 class RedRollout:
     """One of red's completions and everything its reward is made of."""
@@ -83,10 +94,36 @@ class Phases:
         """Eval's class for each (prompt, response), plus what the rewards
         use: the class probabilities (choice mode with soft labels) or the
         label itself; and the count of malformed outputs."""
-        return self._ask_eval([eval_messages(p, r) for p, r in pairs], LABEL_CHOICES, LABELS, "Label")
+        return self._ask_eval([self._label_ask(pairs)])[0]
 
     def semantic(self, pairs: list[tuple[str, str]]) -> tuple[list[bool | None], list, int]:
-        verdicts, soft, bad = self._ask_eval([semantic_messages(b, w) for b, w in pairs], SEMANTIC_CHOICES, ("yes", "no"), "Verdict")
+        """Whether each (basic, wrapped) kept its request's goal: hard, soft, malformed."""
+        return self._verdicts(self._ask_eval([self._semantic_ask(pairs)])[0])
+
+    def judge_and_semantic(self, pairs, sem_pairs):
+        """`judge(pairs)` and `semantic(sem_pairs)`: in generate mode in one
+        engine call per retry round (one decode loop for both instead of two;
+        the smoke run's red step: 2 calls instead of 4, 26.1 s CPU against
+        26.6). In choice mode a call is one forward, as dear as its padded
+        tokens, and one call pads every row to the wider template's width:
+        the smoke red step's judge and semantic check took 13-26% more CPU
+        in one call than in two (2026-12-01), so they stay two calls."""
+        if self.choice:
+            return self.judge(pairs), self.semantic(sem_pairs)
+        labelled, checked = self._ask_eval([self._label_ask(pairs), self._semantic_ask(sem_pairs)])
+        return labelled, self._verdicts(checked)
+
+    @staticmethod
+    def _label_ask(pairs) -> EvalAsk:
+        return EvalAsk([eval_messages(p, r) for p, r in pairs], LABEL_CHOICES, LABELS, "Label")
+
+    @staticmethod
+    def _semantic_ask(pairs) -> EvalAsk:
+        return EvalAsk([semantic_messages(b, w) for b, w in pairs], SEMANTIC_CHOICES, ("yes", "no"), "Verdict")
+
+    @staticmethod
+    def _verdicts(answer):
+        verdicts, soft, bad = answer
         hard = [None if v is None else v == "yes" for v in verdicts]
         soft = [None if v is None else (v["yes"] if isinstance(v, dict) else v == "yes") for v in soft]
         return hard, soft, bad
@@ -113,34 +150,37 @@ class Phases:
         self.timings["judge"] = self.timings.get("judge", 0.0) + time.perf_counter() - t0
         return labels, labels, sum(lab is None for lab in labels)
 
-    def _ask_eval(self, messages, choices, labels, key):
-        """Ask the eval adapter; a malformed output is re-asked (sampled, a
-        greedy retry would repeat itself) up to `judge_retries` times, then
-        left as None so the sample is dropped."""
-        out: list[str | None] = [None] * len(messages)
-        soft: list = [None] * len(messages)
-        malformed = 0
-        todo = list(range(len(messages)))
+    def _ask_eval(self, asks: list[EvalAsk]) -> list[tuple[list, list, int]]:
+        """Ask the eval adapter every question of every ask in one engine
+        call (per retry round); (labels, soft, malformed) per ask. A malformed
+        output is re-asked (sampled, a greedy retry would repeat itself) up
+        to `judge_retries` times, then left as None so the sample is dropped."""
+        rows = [(a, i) for a, ask in enumerate(asks) for i in range(len(ask.messages))]
+        out: list[list] = [[None] * len(ask.messages) for ask in asks]
+        soft: list[list] = [[None] * len(ask.messages) for ask in asks]
+        malformed = [0] * len(asks)
+        todo = list(range(len(rows)))
         sampling = self.judge_sampling
         use_probs = self.choice and self.soft_labels()
         for _ in range(self.game.recipe.rewards.judge_retries + 1):
             if not todo:
                 break
-            reqs = [Request(EVAL, messages[i], 1, choices if self.choice else None) for i in todo]
+            reqs = [Request(EVAL, asks[a].messages[i], 1, asks[a].choices if self.choice else None) for a, i in (rows[k] for k in todo)]
             comps = self.generate("judge", reqs, sampling)
             still = []
-            for i, c in zip(todo, comps):
-                parsed = parse_label(c[0].text, labels, key=key, finished=c[0].finished)
+            for k, c in zip(todo, comps):
+                a, i = rows[k]
+                parsed = parse_label(c[0].text, asks[a].labels, key=asks[a].key, finished=c[0].finished)
                 if parsed.label is None:
-                    malformed += 1
-                    still.append(i)
+                    malformed[a] += 1
+                    still.append(k)
                     continue
-                out[i] = parsed.label
+                out[a][i] = parsed.label
                 probs = c[0].choice_probs
-                soft[i] = dict(zip(labels, probs)) if use_probs and probs else parsed.label
+                soft[a][i] = dict(zip(asks[a].labels, probs)) if use_probs and probs else parsed.label
             todo = still
             sampling = Sampling(max_new_tokens=sampling.max_new_tokens, temperature=0.7)
-        return out, soft, malformed
+        return list(zip(out, soft, malformed))
 
     # ----------------------------------------------------------------- red
     def red_step(self, iteration: int, step: int) -> StepResult:
@@ -155,13 +195,18 @@ class Phases:
         defenders = game.defenders
         for x, answers in zip(valid, self.defend(defenders, [x.wrapped for x in valid])):
             x.answers = answers
-        labels, soft, bad_cls = self.judge([(x.wrapped, x.answers[d.name]) for x in valid for d in defenders])
+        # Every defender's answer judged and every rewrite's goal checked
+        # (both ask the eval adapter, neither needs the other's result).
+        judged = [(x.wrapped, x.answers[d.name]) for x in valid for d in defenders]
+        sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
+        if rw.semantic:
+            (labels, soft, bad_cls), (sem_ok, sem_soft, bad_sem) = self.judge_and_semantic(
+                judged, [(x.basic.prompt, x.wrapped) for x in valid])
+        else:
+            labels, soft, bad_cls = self.judge(judged)
         for i, x in enumerate(valid):
             x.labels = {d.name: labels[i * len(defenders) + j] for j, d in enumerate(defenders)}
             x.soft = {d.name: soft[i * len(defenders) + j] for j, d in enumerate(defenders)}
-        sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
-        if rw.semantic:
-            sem_ok, sem_soft, bad_sem = self.semantic([(x.basic.prompt, x.wrapped) for x in valid])
         weights = {d.name: d.weight for d in defenders}
         t0 = time.perf_counter()
         similarity = game.pool.score([x.wrapped for x in valid])  # Self-BLEU and cosine against the success pool
