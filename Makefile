@@ -62,7 +62,7 @@ smoke-ci: install
 	$(BIN)/lora-triplay run recipes/smoke.yaml phases.red.steps=1 phases.blue.steps=1 phases.eval.steps=1 --run-dir $(RUN_DIR)-ci
 
 # Every performance goal (bench/suite.py): one table, JSON under
-# bench/results/, the Suite section of bench/BENCHMARKS.md; under 20 minutes.
+# bench/results/, the Suite section of bench/BENCHMARKS.md; ~15 minutes on 2 cores (2026-12-01).
 bench: install-vllm
 	OMP_NUM_THREADS=1 $(BIN)/python bench/suite.py
 

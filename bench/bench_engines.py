@@ -129,7 +129,7 @@ def main() -> None:
     results["vllm_import_seconds"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     vl = VLLMEngine(path, tok, trainer=model, lora_rank=args.rank, seed=0, max_loras=4, max_cpu_loras=6, max_model_len=2048)
-    for role in ("red", "blue", "eval"):
+    for role in model.peft_config:  # red, blue, evaluator (the eval role's adapter)
         vl.sync_adapter(role)
     fresh = time.perf_counter() - t0
     timed_generate(vl, reqs[:4], Sampling(max_new_tokens=4, temperature=0.0))  # warm-up: loads adapters into slots

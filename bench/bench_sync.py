@@ -249,7 +249,7 @@ def main() -> None:
     model, tok, path, _ = build(args.base, args.rank)
     engine = VLLMEngine(path, tok, trainer=model, lora_rank=args.rank, seed=0, max_loras=4,
                         max_cpu_loras=6, max_model_len=2048)
-    for role in ("red", "blue", "eval"):
+    for role in model.peft_config:  # red, blue, evaluator (the eval role's adapter)
         engine.sync_adapter(role)
     prompts = [b.prompt for b in load_basic_prompts(None, None, None)][:PROMPTS]
     res = {"base": args.base, "rank": args.rank, "threads": args.threads, "repeats": repeats,

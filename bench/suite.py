@@ -52,6 +52,8 @@ GOALS = [
     ("6 the loop's score() incl. MiniLM (s)", "diversity", "at_10k_with_embedding_s", "{:.1f} s", None, "(candidates' embeddings)"),
     ("7 ours / TRL policy update", "trl", "ratio", "x{:.2f}", lambda v: v <= 1.0, "<= x1.0"),
     ("8 smoke iteration after / before", "steps", "speedup_steps", "x{:.2f} faster", lambda v: v > 1.0, "faster than before"),
+    ("8 smoke iteration (after), seconds in steps", "steps", "after.steps_s", "{:.0f} s", lambda v: v <= 60, "<= 60 s"),
+    ("8 smoke iteration (after), process CPU", "steps", "after.cpu_s", "{:.0f} s", None, "(load-independent)"),
     ("9 vLLM resident: shared base / engine alone", "resident", "vllm_shared.over_vllm_base_model", "x{:.3f}", lambda v: v <= 1.10, "<= x1.10"),
     ("9 vLLM resident: two copies / engine alone", "resident", "vllm_unshared.over_vllm_base_model", "x{:.3f}", None, "(today's layout)"),
     ("9 vLLM smoke iteration: shared / two copies", "resident", "vllm_smoke.shared_over_unshared", "x{:.2f}", lambda v: v <= 1.3, "<= x1.3"),
