@@ -270,18 +270,26 @@ def main() -> None:
     params = activate(model, "red")
     learner = GrpoLearner(model, params, GrpoConfig(beta=0.0, max_new_tokens=new_tokens), lr=1e-5, pad_id=tok.pad_token_id)
     learner.step(samples[:4])  # warm-up (allocates the optimizer state)
-    times = []
+    from lora_triplay.training import frozen_linears
+
+    # alternated in one run: the base's Linears through oneDNN (ours) and
+    # through autograd's F.linear (MKL), as before training/frozen_linears.py
+    times, plain_times = [], []
     for _ in range(2 if args.quick else 3):
-        t0 = time.perf_counter()
-        stats = learner.step(samples)
-        times.append(time.perf_counter() - t0)
+        for enabled, into in ((False, plain_times), (True, times)):
+            frozen_linears.ENABLED = enabled
+            t0 = time.perf_counter()
+            stats = learner.step(samples)
+            into.append(time.perf_counter() - t0)
     update_s = statistics.median(times)
     trained = sum(len(s.completion_ids) for s in samples) + sum(len(c.prompt_ids) for c in red)
     train_ceiling = peak * 1e9 / (3 * flops["total"])
     res["update"] = {"samples": len(samples), "tokens": trained, "completion_tokens": stats.tokens,
                      "seconds": round(update_s, 3), "seconds_all": [round(t, 3) for t in times],
                      "tokens_per_s": round(trained / update_s, 1), "ceiling_tokens_per_s": round(train_ceiling, 1),
-                     "fraction_of_roofline": round(trained / update_s / train_ceiling, 3), "layout": learner.layout}
+                     "fraction_of_roofline": round(trained / update_s / train_ceiling, 3), "layout": learner.layout,
+                     "seconds_autograd_linear": round(statistics.median(plain_times), 3),
+                     "speedup_over_autograd_linear": round(statistics.median(plain_times) / update_s, 3)}
     # The roofline is the best this CPU gave in this run: measured again at
     # the end, so a busy moment at the start cannot inflate the fractions.
     again = measure_gflops([(32, hidden, inter), (512, hidden, inter)])
@@ -325,7 +333,8 @@ def main() -> None:
     m = res["mkl_roofline"]
     print(f"against torch's matmul alone ({m['gflops']} GFLOPS, ceiling {m['ceiling_tokens_per_s']:.0f}): "
           f"rollout {m['rollout_fraction']:.0%}, decode {m['decode_fraction']:.0%}, GRPO update {m['update_fraction']:.0%}")
-    print(f"GRPO update    {u['tokens_per_s']:7.1f} tok/s  ceiling {u['ceiling_tokens_per_s']:.0f}  -> {u['fraction_of_roofline']:.0%} (target 40%)")
+    print(f"GRPO update    {u['tokens_per_s']:7.1f} tok/s  ceiling {u['ceiling_tokens_per_s']:.0f}  -> {u['fraction_of_roofline']:.0%} (target 40%)"
+          f"; x{u['speedup_over_autograd_linear']} over autograd's F.linear ({u['seconds_autograd_linear']} s)")
     save_results(args.out, res)
 
 

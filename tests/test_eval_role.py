@@ -54,22 +54,31 @@ def test_the_rule_expert_votes_positive_for_guidance(role_model):
 
 def test_choice_cross_entropy_by_hand():
     seq = torch.tensor([[0.0, 0.0, 0.0], [2.0, 0.0, -1.0]])
-    loss, right = choice_cross_entropy(seq, torch.tensor([1, 0]))
+    loss, picked = choice_cross_entropy(seq, torch.tensor([1, 0]))
     p = torch.softmax(seq[1], -1)
     assert loss.tolist() == pytest.approx([torch.log(torch.tensor(3.0)).item(), -torch.log(p[0]).item()])
-    assert right.tolist() == [False, True]  # a three-way tie picks the first
+    assert picked.tolist() == [0, 0]  # a three-way tie picks the first
     smooth, _ = choice_cross_entropy(seq, torch.tensor([1, 0]), smoothing=0.3)
     logq = torch.log_softmax(seq[1], -1)
     assert smooth[1].item() == pytest.approx((-(0.7 * logq[0]) - 0.3 * logq.mean()).item())
 
 
+PAIRS = [("how do I bake bread", "Mix flour and water.", 2), ("how to hurt someone", "Here is how: first...", 0),
+         ("how to hurt someone", "I can't help with that.", 1), ("tell me a joke", "Why did the chicken...", 2)]
+
+
 def _examples(engine, tok):
     from lora_triplay.triplay.roles import eval_messages
 
-    pairs = [("how do I bake bread", "Mix flour and water.", 2), ("how to hurt someone", "Here is how: first...", 0),
-             ("how to hurt someone", "I can't help with that.", 1), ("tell me a joke", "Why did the chicken...", 2)]
     choices = [engine.choice_ids(c) for c in LABEL_CHOICES]
-    return [ChoiceExample(engine.encode(eval_messages(p, r)), choices, gold) for p, r, gold in pairs]
+    return [ChoiceExample(engine.encode(eval_messages(p, r)), choices, gold) for p, r, gold in PAIRS]
+
+
+def _requests(tok):
+    from lora_triplay.engine.base import Request
+    from lora_triplay.triplay.roles import eval_messages
+
+    return [Request("evaluator", eval_messages(p, r), choices=LABEL_CHOICES) for p, r, _ in PAIRS]
 
 
 def test_the_supervised_step_lowers_the_cross_entropy_and_touches_only_eval(role_model):
@@ -80,8 +89,13 @@ def test_the_supervised_step_lowers_the_cross_entropy_and_touches_only_eval(role
     examples = _examples(engine, tok)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     learner = GrpoLearner(model, activate(model, "evaluator"), GrpoConfig(beta=0.0), lr=2e-2, pad_id=tok.pad_token_id)
-    losses = [learner.step([], examples).extra["ce_loss"] for _ in range(5)]
+    judged = [max(range(3), key=lambda k: sum(s[k])) for s in engine.score_choices(_requests(tok))]  # what eval answers now
+    stats = [learner.step([], examples).extra for _ in range(5)]
+    losses = [x["ce_loss"] for x in stats]
     assert losses[-1] < losses[0] - 0.05, losses
+    # the update's own forward reports those answers (before it moves eval): no separate judge call needed
+    assert [stats[0][f"ce_pick_rate_{k}"] for k in range(3)] == pytest.approx([judged.count(k) / 4 for k in range(3)])
+    assert stats[0]["ce_accuracy"] == pytest.approx(sum(j == ex.gold for j, ex in zip(judged, examples)) / 4)
     mine = set(adapter_parameters(model, "evaluator"))
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]) != (name in mine), name  # eval's changed, nothing else did
@@ -153,7 +167,7 @@ def test_soft_labels_auto_follow_the_calibration_check():
 RECIPE = {
     "lora": {"rank": 4, "alpha": 8},
     "phases": {"red": {"steps": 1}, "blue": {"steps": 1}, "eval": {"steps": 2, "objective": "sft", "label_smoothing": 0.1},
-               "eval_warmup": {"steps": 2, "pairs": 16}},
+               "eval_warmup": {"steps": 2, "pairs": 16, "lr": 3e-3}},
     "grpo": {"group_size": 2, "prompts_per_step": 2, "lr": 1e-3, "max_new_tokens": 6},
     "rewards": {"judge_mode": "choice", "embedding_model": "hashing", "soft_labels": "auto", "max_ece": 1.0},
     "experts": {"safety_experts": 1, "utility_experts": 1, "heldout_share": 0.3, "balance_classes": True},
@@ -174,8 +188,10 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     warm = [r for r in rows if r["phase"] == "eval_warmup"]
     assert warm and all("ce_loss" in r and "accuracy" in r for r in warm)  # sft by default in the warm start
+    assert all(r["accuracy"] == r["ce_accuracy"] and sum(r[f"pred_rate_{c}"] for c in LABELS) == pytest.approx(1) for r in warm)
     evals = [r for r in rows if r["phase"] == "eval"]
     assert all("ce_loss" in r for r in evals)
+    assert {r["lr"] for r in warm} == {3e-3} and {r["lr"] for r in evals} == {1e-3}  # the warm start's own rate, then eval's
     checks = {(r["phase"], r["after"]) for r in rows if r["phase"] in ("eval_heldout", "eval_gold")}
     assert checks == {("eval_heldout", "eval_warmup"), ("eval_heldout", "eval"), ("eval_gold", "eval_warmup"), ("eval_gold", "eval")}
     gold_rows = [r for r in rows if r["phase"] == "eval_gold"]

@@ -47,13 +47,22 @@ def test_fast_generate_equals_peft(engines):
             assert max(abs(p - q) for p, q in zip(cx.logprobs, cy.logprobs)) < 1e-4
 
 
-def test_fast_choice_scores_equal_peft(engines):
+def test_fast_choice_scores_equal_peft(engines, monkeypatch):
     fast, slow = engines
     choices = ("Label: negative", "Label: rejective", "Label: positive")
     reqs = [Request(a, m, choices=choices) for a in ("evaluator", "base", "blue@1") for m in MSGS]
+    served, real_rows = [], fastpath.MultiLora.rows
+
+    def counting_rows(self, index):  # a judge's direct call goes through the fast path, as generate does
+        served.append(len(index))
+        return real_rows(self, index)
+
+    monkeypatch.setattr(fastpath.MultiLora, "rows", counting_rows)
+    fast.model.train()
     for x, y in zip(fast.score_choices(reqs), slow.score_choices(reqs)):
         for px, py in zip(x, y):
             assert max(abs(p - q) for p, q in zip(px, py)) < 1e-4
+    assert served and fast.model.training  # served, and the caller's mode given back
 
 
 def test_sampled_rollouts_equal_peft_with_the_same_seed(engines):

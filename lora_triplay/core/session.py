@@ -316,6 +316,7 @@ class Session:
         self.engine.wake_up()  # rollouts: the engine gets its memory back
         result: StepResult = self.game.step(phase, it, st["step"] + 1)
         learner = self.learners[role]
+        learner.lr = self.game.phase_lr(phase)  # from the recipe: the same after a resume
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
         stats = learner.step(self._my_groups(result.samples), self._my_block(result.examples), result.smoothing) \
@@ -343,6 +344,8 @@ class Session:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
                        grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped,
                        **{k: stats.extra[k] for k in ("ce_loss", "ce_accuracy") if k in stats.extra}, lr=learner.last_lr)
+            if result.after_update is not None and not stats.skipped:
+                row.update({k: round(v, 6) for k, v in result.after_update(stats.extra).items()})
         # Data rows are appended every step (a resume cuts them back to the
         # counts of the last commit); a commit writes the checkpoint folder
         # first and state.json last, every run.checkpoint_every steps and

@@ -110,15 +110,24 @@ class HFEngine(ChatTokens):
         # one row per sample: (request, sample, adapter, prompt ids)
         rows = [(r_i, s_i, peft_name, ids) for r_i, req, peft_name, ids in gen for s_i in range(req.n)]
         results: list[list[Completion | None]] = [[None] * req.n for req in requests]
+        with self._serving_requests(requests):
+            self._generate_all(requests, rows, choice_reqs, results, sampling)
+        return results  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def _serving_requests(self, requests: Sequence[Request]):
+        """Eval mode and the fast path for these requests' adapters, unless a
+        call around this one (generate asking score_choices) already serves."""
+        if self._serving is not None:
+            yield
+            return
         was_training = self.model.training
         self.model.eval()  # PEFT refuses per-row adapter_names in training mode
-        names = list(dict.fromkeys(self._peft_name(r.adapter) for r in requests))
         try:
-            with self._serve(names):
-                self._generate_all(requests, rows, choice_reqs, results, sampling)
+            with self._serve(list(dict.fromkeys(self._peft_name(r.adapter) for r in requests))):
+                yield
         finally:
             self.model.train(was_training)
-        return results  # type: ignore[return-value]
 
     def _generate_all(self, requests, rows, choice_reqs, results, sampling) -> None:
         if choice_reqs:
@@ -322,8 +331,10 @@ class HFEngine(ChatTokens):
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """Per request, per choice: log-probs of the choice's tokens (EOS
         included) after the chat prompt, under the request's adapter. The
-        prompt is prefilled once and its KV cache shared by all choices."""
-        with self._in_step():
+        prompt is prefilled once and its KV cache shared by all choices.
+        Served by the fast path like generate (a judge's direct calls were
+        PEFT's per-adapter loop: x1.56 the CPU time on 64 judged pairs)."""
+        with self._in_step(), self._serving_requests(requests):
             return self._score_choices(requests)
 
     @torch.no_grad()

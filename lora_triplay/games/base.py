@@ -17,7 +17,7 @@ no file outside its own module, recipes and prompts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -45,6 +45,10 @@ class StepResult:
     # labelled forced choices whose cross-entropy joins the update (supervised.py)
     examples: list = field(default_factory=list)
     smoothing: float = 0.0
+    # metrics the game reads off the update's statistics (StepStats.extra),
+    # joined to the row: eval's answers come out of its cross-entropy
+    # forward, which scores every label before the update moves it
+    after_update: Callable[[dict[str, float]], dict[str, float]] | None = None
 
     def jsonl_rows(self) -> dict[str, list[dict]]:
         return self.rows
@@ -90,6 +94,11 @@ class Game:
 
     def lr_of(self, role: str) -> float:
         return self.recipe.grpo.lr
+
+    def phase_lr(self, phase: str) -> float:
+        """The learning rate of `phase`'s updates (a phase may train its role
+        at a rate of its own); default its role's."""
+        return self.lr_of(self.role_of(phase))
 
     def max_new_tokens_of(self, role: str) -> int:
         return self.recipe.grpo.max_new_tokens

@@ -42,6 +42,7 @@ from ..core.faults import crash_point
 from ..recipe import GrpoConfig
 from . import supervised
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
+from .frozen_linears import onednn_training
 from .logprobs import LogprobComputer, logit_transform
 from .sharding import is_sharded
 from .supervised import ChoiceExample
@@ -313,14 +314,23 @@ class GrpoLearner:
         `examples`: labelled forced choices whose mean cross-entropy
         (supervised.py, label smoothing `smoothing`) joins the same updates
         (eval's `sft` and `sft+grpo` objectives)."""
-        cfg, model = self.cfg, self.model
+        model = self.model
         stats = StepStats()
         n_live, n_examples = self.collective.sum_floats([sum(1 for s in samples if self._learns_from(s)), len(examples)])
         if not n_live + n_examples:
             stats.skipped = True  # on every rank: nothing to learn from anywhere
             return stats
         model.train()
+        with onednn_training(model):
+            self._updates(stats, samples, examples, smoothing, n_examples)
+        self.optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        return stats
+
+    def _updates(self, stats: StepStats, samples, examples, smoothing: float, n_examples: float) -> None:
+        cfg = self.cfg
         live, layout, parts, weights = self._plan(samples)
+        width = self.collective.max_int(max((len(e.choices) for e in examples), default=0)) if n_examples else 0
         stats.extra["microbatches"] = float(len(parts))
         old_logps: list[torch.Tensor | None] = [None] * len(parts)
         ref_logps: list[torch.Tensor | None] = [None] * len(parts)
@@ -329,7 +339,7 @@ class GrpoLearner:
             self.optimizer.zero_grad(set_to_none=True)
             t = self._accumulate(live, layout, parts, weights, old_logps, ref_logps, first=update == 0)
             if n_examples:
-                t.update(supervised.accumulate(self, list(examples), layout, n_examples, smoothing))
+                t.update(supervised.accumulate(self, list(examples), layout, n_examples, smoothing, width))
             t = self._reduce(t)
             total_loss, tokens = t["loss"] + t.get("ce_loss", 0.0) / max(n_examples, 1), max(t["tokens"], 1)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
@@ -348,12 +358,10 @@ class GrpoLearner:
                 stats.loss, stats.grad_norm, stats.tokens = total_loss, grad_norm, t["tokens"]
                 stats.kl, stats.entropy, stats.clip_fraction = t["kl"] / tokens, t["entropy"] / tokens, t["clip"] / tokens
                 if n_examples:  # the cross-entropy and the argmax accuracy before the update
-                    stats.extra.update(ce_loss=t["ce_loss"] / n_examples, ce_accuracy=t["ce_correct"] / n_examples)
+                    stats.extra.update(ce_loss=t["ce_loss"] / n_examples, ce_accuracy=t["ce_correct"] / n_examples,
+                                       **{f"ce_pick_rate_{k}": t[f"ce_pick_{k}"] / n_examples for k in range(width) if width > 1})
             stats.extra["clip_fraction_last_update"] = t["clip"] / tokens
         else:
             self.nonfinite_in_a_row = 0
         if stats.skipped:
             stats.loss, stats.grad_norm = total_loss, grad_norm
-        self.optimizer.zero_grad(set_to_none=True)
-        model.eval()
-        return stats

@@ -54,20 +54,25 @@ def _chunks(examples: list[ChoiceExample], layout: str, max_tokens: int | None) 
 
 
 def choice_cross_entropy(seq_logp: torch.Tensor, gold: torch.Tensor, smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-example loss and whether the most likely choice is the gold one,
-    for `seq_logp` (examples, choices) of summed log-probs."""
+    """Per-example loss and the most likely choice (what the judge answers
+    now), for `seq_logp` (examples, choices) of summed log-probs."""
     logq = torch.log_softmax(seq_logp, dim=-1)
     nll = -logq.gather(-1, gold.unsqueeze(-1)).squeeze(-1)
     loss = (1 - smoothing) * nll - smoothing * logq.mean(-1) if smoothing else nll
-    return loss, logq.argmax(-1) == gold
+    return loss, logq.argmax(-1)
 
 
-def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float, smoothing: float) -> dict[str, float]:
+def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float, smoothing: float,
+               width: int = 0) -> dict[str, float]:
     """Forward and backward of sum(loss) / n_all over this rank's examples
     (n_all: every rank's count), micro-batch by micro-batch; returns totals
-    (ce_loss, ce_correct) for the step's statistics."""
+    for the step's statistics: ce_loss, ce_correct, and ce_pick_k (how many
+    examples' most likely choice is k, for k < `width`, every rank's widest
+    example: the same keys on every rank). The forward scores every choice
+    before the update, so these are what the judge answers now, at no
+    extra cost."""
     device = next(learner.model.parameters()).device
-    totals = {"ce_loss": 0.0, "ce_correct": 0.0}
+    totals = {"ce_loss": 0.0, "ce_correct": 0.0, **{f"ce_pick_{k}": 0.0 for k in range(width)}}
     chunks = _chunks(examples, layout, learner.cfg.max_tokens_per_microbatch)
     from .sharding import is_sharded
 
@@ -89,7 +94,10 @@ def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float
             width = len(chunk[0].choices)
             if any(len(ex.choices) != width for ex in chunk):
                 raise ValueError("choice examples in one batch need the same number of choices")
-            loss, right = choice_cross_entropy(seq.view(len(chunk), width), gold, smoothing)
+            loss, picked = choice_cross_entropy(seq.view(len(chunk), width), gold, smoothing)
+            right = picked == gold
+            for k in picked.tolist():
+                totals[f"ce_pick_{k}"] = totals.get(f"ce_pick_{k}", 0.0) + 1.0
         (loss.sum() / n_all).backward()
         totals["ce_loss"] += loss.sum().item()
         totals["ce_correct"] += right.float().sum().item()

@@ -47,6 +47,10 @@ class WarmupConfig(_Strict):
 
     steps: int = Field(0, ge=0)
     pairs: int = Field(32, ge=2, description="(prompt, answer) pairs the panel labels before the warm start trains")
+    lr: float | None = Field(
+        None, gt=0, description="the warm start's learning rate (default phases.eval.lr, else grpo.lr): a supervised "
+        "start from few labels tolerates a larger rate than eval's later steps on the moving pool"
+    )
     objective: Literal["grpo", "sft", "sft+grpo"] = Field(
         "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels"
     )

@@ -43,6 +43,14 @@ def _softmax(totals: list[float]) -> list[float]:
     return [w / sum(weights) for w in weights]
 
 
+def answers_before_update(extra: dict[str, float]) -> dict[str, float]:
+    """Eval's accuracy and predicted-label rates on its batch, from the
+    cross-entropy forward (supervised.accumulate: choice k = LABELS[k])."""
+    out = {"accuracy": extra["ce_accuracy"], "judge_malformed": 0.0}
+    out.update({f"pred_rate_{c}": extra.get(f"ce_pick_rate_{k}", 0.0) for k, c in enumerate(LABELS)})
+    return out
+
+
 def judged(probs: list[float]) -> str:
     """What eval answers when it judges in choice mode: its most likely label."""
     return LABELS[max(range(len(LABELS)), key=probs.__getitem__)]
@@ -116,8 +124,10 @@ class EvalSteps:
             samples, preds, comps = self._grpo_samples(batch)
             metrics.update(reward_stats([x.reward for x in samples]), **self.p._set_advantages(samples))
         examples = self.examples(batch) if objective.startswith("sft") else []
-        if examples and not preds and self.p.choice:  # what eval would answer now, before the update
-            preds = [judged(p) for p in self._choice_probs([self._request(x) for x in batch])]
+        # sft alone in choice mode: what eval answers now comes out of the
+        # update's own forward (it scores every label before the step), not
+        # a judge call of its own (6.5 s of a 26 s warm-start step at 135M)
+        from_update = bool(examples) and not preds and self.p.choice
         if preds:
             metrics["accuracy"] = mean([eval_reward(p, x["panel_label"]) for p, x in zip(preds, batch)])
             metrics["judge_malformed"] = float(sum(p is None for p in preds))
@@ -130,7 +140,8 @@ class EvalSteps:
             for p, cs, pred in list(zip(batch, comps or [[]] * len(batch), preds or [None] * len(batch)))[: r.run.transcripts]
         ]
         smoothing = r.phases.eval.label_smoothing if phase == "eval" else 0.0
-        return step_result(samples, metrics, panel=panel_rows, transcripts=transcripts, examples=examples, smoothing=smoothing)
+        return step_result(samples, metrics, panel=panel_rows, transcripts=transcripts, examples=examples, smoothing=smoothing,
+                           after_update=answers_before_update if from_update else None)
 
     def _request(self, pair: dict, n: int = 1) -> Request:
         return Request(EVAL, eval_messages(pair["prompt"], pair["response"]), n=n, choices=LABEL_CHOICES if self.p.choice else None)

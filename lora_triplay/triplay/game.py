@@ -54,6 +54,11 @@ class TriPlay(Game):
     def lr_of(self, role: str) -> float:
         return config.role_lr(self.recipe, role)
 
+    def phase_lr(self, phase: str) -> float:
+        if phase == "eval_warmup" and self.recipe.phases.eval_warmup.lr:
+            return self.recipe.phases.eval_warmup.lr
+        return self.lr_of(self.role_of(phase))
+
     def max_new_tokens_of(self, role: str) -> int:
         return config.max_new_tokens_of(self.recipe, role)
 

@@ -8,12 +8,12 @@ from ..judging.parsing import LABELS
 
 
 def step_result(samples: list, metrics: dict[str, float], *, asp: list[dict] = (), eval_pairs: list[dict] = (), panel: list[dict] = (),
-                transcripts: list[dict] = (), examples: list = (), smoothing: float = 0.0) -> StepResult:
+                transcripts: list[dict] = (), examples: list = (), smoothing: float = 0.0, after_update=None) -> StepResult:
     """A TriPlay step for the core (games/base.py): the samples its role
     trains on, its metrics row, and rows for the run folder's asp,
     eval_pairs, panel and transcripts files."""
     rows = {"asp": list(asp), "eval_pairs": list(eval_pairs), "panel": list(panel), "transcripts": list(transcripts)}
-    return StepResult(samples, metrics, rows=rows, examples=list(examples), smoothing=smoothing)
+    return StepResult(samples, metrics, rows=rows, examples=list(examples), smoothing=smoothing, after_update=after_update)
 
 
 def mean(xs) -> float:
