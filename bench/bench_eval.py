@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import save_results
+from results_io import read_jsonl, save_results
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -114,7 +114,7 @@ def merged(results: list[dict]) -> dict:
 def answers(out: Path) -> dict:
     from lora_triplay.evaluate import items_path
 
-    rows = [json.loads(line) for line in items_path(out).read_text().splitlines()]
+    rows = read_jsonl(items_path(out))
     return {(r["benchmark"], r["iteration"], r["role"], r["defender"], r["id"], r["judge"]): (r["response"], r["label"]) for r in rows}
 
 

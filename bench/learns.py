@@ -42,6 +42,7 @@ import lora_triplay.triplay.config as tp  # noqa: E402 (TriPlay's per-role setti
 
 sys.path.insert(0, str(ROOT / "bench"))
 from heldout import blue_sets, read_csv, write_csv  # noqa: E402
+from results_io import read_jsonl  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "learns"
 RECIPE = ROOT / "recipes" / "learns.yaml"
@@ -274,7 +275,7 @@ def summarize(work: Path) -> dict:
     from report_learns import judge_targets
 
     cps = checkpoints(work)
-    answers = [json.loads(x) for x in (work / "answers.jsonl").read_text().splitlines()]
+    answers = read_jsonl(work / "answers.jsonl")
     by = {}
     for r in answers:
         by.setdefault(r["snapshot"], {}).setdefault(r["set"], []).append(r)

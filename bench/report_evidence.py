@@ -8,6 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
+from results_io import read_jsonl
+
 BLUE_SETS = ("jbb-harmful", "jbb-benign", "xstest", "strongreject")
 
 
@@ -16,7 +18,7 @@ def _its(d: dict) -> list[int]:
 
 
 def _metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def collect(work: Path, names: list[str]) -> dict:
@@ -74,7 +76,7 @@ def eval_vs_rules(run: Path) -> dict[int, dict]:
     that calls its compliances refusals more often than it refuses."""
     from lora_triplay.judging.refusals import rules_label
 
-    pairs = [json.loads(x) for x in (run / "eval_pairs.jsonl").read_text().splitlines()]
+    pairs = read_jsonl(run / "eval_pairs.jsonl")
     out: dict[int, dict] = {}
     for it in sorted({p["iteration"] for p in pairs if p.get("phase") == "blue"}):
         mine = [p for p in pairs if p.get("phase") == "blue" and p["iteration"] == it and p.get("eval_label")]

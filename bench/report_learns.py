@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+from results_io import read_jsonl
+
 SET_TITLES = {"jbb-harmful": "JBB harmful", "jbb-benign": "JBB benign", "xstest-safe": "XSTest safe", "xstest-unsafe": "XSTest unsafe"}
 
 
@@ -122,7 +124,7 @@ def _shown_answer(ans: dict) -> str:
 def transcripts(work: Path, res: dict, per_set: int = 10) -> str:
     from heldout import read_csv
 
-    answers = [json.loads(x) for x in (work / "answers.jsonl").read_text().splitlines()]
+    answers = read_jsonl(work / "answers.jsonl")
     by = {(a["snapshot"], a["set"], a["id"]): a for a in answers}
     last = {side: res[side]["curve"][-1]["snapshot"] for side in ("ours", "trl")}
     lines = ["# Before / after, held-out prompts (greedy)", "",

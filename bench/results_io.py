@@ -11,3 +11,10 @@ def save_results(out: str | Path, results: dict, note: str = "") -> Path:
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}{note}")
     return out
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Rows of a JSONL file. Split on newlines only: `str.splitlines()` also
+    splits on U+2028 and other separators that generated text may carry
+    inside a JSON string (an answer in the 2026-12-01 evidence run did)."""
+    return [json.loads(line) for line in Path(path).read_text().split("\n") if line.strip()]

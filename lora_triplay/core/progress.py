@@ -57,8 +57,8 @@ def closing_note(recipe) -> str | None:
         return None
     # At most 80 columns a line: rich's width when stdout is a log, not a terminal.
     return ("note: this run shows that the machinery works, not that SmolLM2-135M learns: at\n"
-            "135M eval judges held-out answers at 0.5-0.7 (chance: 1/3) and blue gets no\n"
-            'safer in 3 iterations. Measured: README "Does it work?"; `make evidence` (~3 h).')
+            "135M eval judges held-out answers at ~0.7 (chance: 1/3) and blue gets barely\n"
+            'safer in 3 iterations. Measured: README "Does it work?"; `make evidence` (~2 h).')
 
 
 def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True,
