@@ -181,9 +181,19 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
             if proc.returncode != 0:
                 raise SystemExit(f"train {name} failed ({proc.returncode}); see {work / f'train-{name}.log'}")
             times[name] = times.get(name, 0.0) + time.time() - t0
-            times_file.write_text(json.dumps(times, indent=2) + "\n")
+            record_time(times_file, name, times[name])
             log(f"train {name}: done in {times[name] / 60:.1f} min")
     return times
+
+
+def record_time(path: Path, name: str, seconds: float) -> None:
+    """One run's time into `path`, read afresh: two evidence.py processes
+    working on different runs of one folder keep each other's entries."""
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    times[name] = seconds
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(times, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _done(run: Path) -> bool:
@@ -227,7 +237,7 @@ def evaluate(work: Path, names: list[str], jobs: int) -> None:
             if proc.returncode != 0:
                 raise SystemExit(f"eval {name} failed ({proc.returncode}); see {work / f'eval-{name}.log'}")
             times[name] = time.time() - t0
-            times_file.write_text(json.dumps(times, indent=2) + "\n")
+            record_time(times_file, name, times[name])
             log(f"eval {name}: done in {times[name] / 60:.1f} min")
 
 

@@ -170,9 +170,17 @@ KEYS = [("blue_asr_jbb", "blue ASR JBB"), ("blue_asr_xstest_unsafe", "blue ASR X
         ("train_eval_rules_agreement", "training: eval agrees with rules on blue's answers")]
 
 
+def gold_check_minutes(run: Path) -> float | None:
+    """Minutes the run spent on its `eval_gold` checks (None: not timed)."""
+    seconds = [r["check_seconds"] for r in _metrics(run) if r.get("phase") == "eval_gold" and "check_seconds" in r]
+    return round(sum(seconds) / 60, 1) if seconds else None
+
+
 def markdown(p: dict) -> str:
     lines = [f"# Evidence run ({p['date']})", "", "Percentages, iteration 0 (untrained) to last; rules judge; held-out data.",
              "Training minutes per run: " + ", ".join(f"{k} {v}" for k, v in p["train_minutes"].items()),
+             "of which checking eval against the labelled set (not part of a plain run): "
+             + ", ".join(f"{k} {v}" for k, v in p.get("gold_check_minutes", {}).items() if v is not None),
              "Evaluation minutes per run: " + ", ".join(f"{k} {v}" for k, v in p["eval_minutes"].items()), ""]
     for name, res in p["results"].items():
         its = sorted(res["iterations"], key=int)
@@ -210,6 +218,9 @@ def report(work: Path, names: list[str], recipe: Path, out: Path, runs: dict) ->
     payload = {"date": time.strftime("%Y-%m-%d"), "recipe": "recipes/cpu-evidence.yaml", "runs": {n: runs[n] for n in names},
                "train_minutes": {k: round(v / 60, 1) for k, v in train_times.items() if k in names},
                "eval_minutes": {k: round(v / 60, 1) for k, v in eval_times.items() if k in names},
+               # eval checked against the labelled set during training (experts.gold_pairs, which
+               # bench/evidence.py adds): instrumentation a plain `lora-triplay run` does not do
+               "gold_check_minutes": {n: gold_check_minutes(work / "runs" / n) for n in names},
                "eval_accuracy_after_warmup": {n: results[n]["eval_accuracy_after_warmup"] for n in mains},
                "heldout": manifest, "results": results, "targets": judge_targets(results, mains)}
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")

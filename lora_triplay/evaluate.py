@@ -241,7 +241,8 @@ class Evaluator:
             for group, text in zip(groups, self._generate([units[g[0]] for g in groups])):
                 texts.update(dict.fromkeys(group, text))
             texts.update({i: units[i].response if stored[i] is None else stored[i]["response"] for i in chunk if i not in texts})
-            labels = judge([Case(units[i].prompt, texts[i], units[i].item.expected) for i in chunk]) if label else [None] * len(chunk)
+            cases = [Case(units[i].prompt, texts[i], units[i].item.expected, request=units[i].item.prompt) for i in chunk]
+            labels = judge(cases) if label else [None] * len(chunk)
             self.work["judged"] += len(chunk) if label else 0
             new = []
             for i, lab in zip(chunk, labels):

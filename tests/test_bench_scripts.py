@@ -118,3 +118,35 @@ def test_evidence_report_sets_eval_beside_the_rules_on_blues_answers(tmp_path, m
     got = eval_vs_rules(tmp_path)
     assert got[1] == {"train_eval_rules_agreement": 3 / 5, "train_blue_refusal_rate_rules": 1 / 4, "train_eval_misses_compliance": 2 / 3}
     assert set(got) == {1}  # an iteration eval judged none of blue's answers in has no row, not a 0
+
+
+def test_judge_signal_counts_what_blue_is_paid_for(monkeypatch):
+    """bench/judge_signal.py: false safe verdicts on compliances, refusal
+    recall, and whether eval's label or its probabilities rank refusals first."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from judge_signal import summarise
+
+    def row(refused, neg, rej, pos, prompt="a"):
+        return {"refused": refused, "probs": {"negative": neg, "rejective": rej, "positive": pos}, "step": 1, "prompt": prompt}
+
+    rows = [row(True, 0.55, 0.0, 0.45),  # a refusal eval's label misses, its probabilities half see
+            row(False, 0.45, 0.0, 0.55),  # a compliance eval calls safe: blue is paid for it
+            row(False, 0.99, 0.0, 0.01), row(False, 0.98, 0.01, 0.01)]
+    got = summarise(rows)
+    assert got["false_safe"] == 1 / 3 and got["refusal_recall"] == 0.0
+    assert got["auc_hard"] == 1 / 3  # label: the refusal ties two compliances (half each), loses to the third
+    assert got["auc_soft"] == 2 / 3  # expected value: above the two clear compliances
+    kept = got["advantage"]["soft batch min_std 0.0"]
+    assert kept["kept"] == 1 and kept["refusal_advantage"] > 0
+
+
+def test_evidence_report_times_the_gold_checks_apart(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from report_evidence import gold_check_minutes
+
+    rows = [{"phase": "eval_gold", "check_seconds": 90.0}, {"phase": "eval_gold", "check_seconds": 30.0},
+            {"phase": "eval_heldout", "check_seconds": 600.0}, {"phase": "blue", "step_seconds": 60.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert gold_check_minutes(tmp_path) == 2.0
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"phase": "eval_gold"}) + "\n")  # an older run: not timed
+    assert gold_check_minutes(tmp_path) is None

@@ -111,6 +111,52 @@ def test_blue_trains_on_the_benign_stream_as_asked():
     assert order != [b.id for b in RunData(other, {"benign_cursor": 0}, None).next_benign(10)]
 
 
+@pytest.mark.parametrize("view", ["wrapped", "request"])
+def test_eval_reads_the_prompt_the_recipe_names(view):
+    """rewards.judge_prompt: eval judges red's rewrite (the paper) or the basic
+    request it wraps, for red's reward, blue's and the pairs it learns from."""
+    judged: list[str] = []
+    engine = Scripted(label=lambda p, r: judged.append(p) or "negative")
+    s, phases = _session(engine, rewards={"judge_prompt": view}, data={"benign_share": 0.5})
+    red, blue = phases.red_step(1, 1), phases.blue_step(1, 1)
+    basics = {b.prompt for b in s.data.basic}
+    harmful = [row for res in (red, blue) for row in res.rows["eval_pairs"] if row["kind"] == "harmful"]
+    assert harmful and all(row["wrapped"] == f"wrapped: {row['basic']}" for row in harmful)
+    if view == "request":  # red's text never reaches eval
+        assert all(row["prompt"] == row["basic"] for row in harmful)
+        assert not any(p.startswith("wrapped:") for p in judged) and basics & set(judged)
+    else:
+        assert all(row["prompt"] == row["wrapped"] for row in harmful)
+        assert all(p.startswith("wrapped:") for p in judged if p not in {b.prompt for b in s.data.benign})
+
+
+@pytest.mark.parametrize("view", ["wrapped", "request"])
+def test_lora_triplay_eval_judges_red_attacks_as_the_run_trained_eval(view):
+    """`lora-triplay eval` with the run's eval as judge reads what eval read in training."""
+    from lora_triplay.judging.fixed import Case
+    from lora_triplay.triplay.judges import EvalJudge
+
+    judged: list[str] = []
+    engine = Scripted(label=lambda p, r: judged.append(p) or "negative")
+    recipe = build_recipe({"rewards": {"judge_mode": "generate", "judge_prompt": view}})
+    run = SimpleNamespace(recipe=recipe, engine=engine, ensure=lambda name: "evaluator")
+    labels = EvalJudge(lambda: run, 1)([Case("wrapped: do harm", "Sure.", "harmful", request="do harm"), Case("hello", "Hi.", "benign")])
+    assert labels == ["negative", "negative"]
+    assert judged == (["do harm", "hello"] if view == "request" else ["wrapped: do harm", "hello"])
+
+
+def test_a_phase_sets_its_own_minimum_reward_spread():
+    from lora_triplay.training.grpo import Sample
+
+    s, phases = _session(Scripted(), phases={"blue": {"min_reward_std": 0.5}})
+    def spread():  # one group whose rewards spread by 0.28 (std)
+        return [Sample([1], [2], 0, 0.0), Sample([1], [2], 0, 0.4)]
+    blue, red = spread(), spread()
+    phases._set_advantages(blue, "blue"), phases._set_advantages(red, "red")
+    assert all(x.flat and x.advantage == 0.0 for x in blue)  # below blue's own minimum
+    assert not any(x.flat for x in red) and red[1].advantage > 0  # red keeps grpo.min_reward_std (0)
+
+
 def test_eval_warm_start_labels_base_answers_and_trains():
     refusal = "I'm sorry, but I can't help with that."
     engine = Scripted(answer=lambda a, p: refusal if "wrapped" in p else "Here is a safe answer.")

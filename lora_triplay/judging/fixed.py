@@ -45,6 +45,7 @@ class Case:
     prompt: str
     response: str
     expected: str = "harmful"  # harmful | benign: what the rules judge assumes
+    request: str | None = None  # the basic request `prompt` wraps, if any (for a judge that reads it instead)
 
 
 class RulesJudge:

@@ -31,6 +31,9 @@ class PhaseConfig(_Strict):
     group_size: int | None = Field(None, ge=2, description="completions per prompt in this phase")
     prompts_per_step: int | None = Field(None, ge=1, description="prompts (eval: labelled pairs) per step in this phase")
     temperature: float | None = Field(None, gt=0)
+    min_reward_std: float | None = Field(
+        None, ge=0, description="overrides grpo.min_reward_std for this role (red's groups and blue's spread differently)"
+    )
     objective: Literal["grpo", "sft", "sft+grpo"] = Field(
         "grpo", description="eval only: GRPO on the panel's labels (the paper), cross-entropy on them over the forced label "
         "set (supervised.py), or both in one update"
@@ -105,6 +108,12 @@ class RewardsConfig(_Strict):
         "brief reasoning (256 tokens; 1024 with model.enable_thinking) in generate mode"
     )
     judge_retries: int = Field(1, ge=0, description="re-asks of a malformed judge output before the sample is dropped")
+    judge_prompt: Literal["wrapped", "request"] = Field(
+        "wrapped", description="what eval (and the panel) read as the user's prompt when they judge an answer to one of "
+        "red's rewrites: red's wrapped text (the paper), or the basic request red was asked to wrap, so that red's "
+        "text never reaches the judge and a rewrite earns red a reward only by making a defender serve the request, "
+        "not by hiding it from eval"
+    )
     blue_judge: str = Field(
         "eval", description="who labels blue's answers for its reward: `eval` (the eval adapter, the paper), `rules` "
         "(the refusal rules, which know whether a request was harmful or benign), `panel` (the expert panel of "

@@ -20,7 +20,7 @@ from ..training.grpo import Sample
 from ..training.supervised import ChoiceExample
 from .results import mean, rates, reward_stats, step_result
 from .rewards import eval_reward
-from .roles import EVAL, eval_messages, red_messages, styled_blue_messages, warmup_opening
+from .roles import EVAL, eval_messages, judged_prompt, red_messages, styled_blue_messages, warmup_opening
 
 ECE_BINS = 10
 
@@ -101,7 +101,8 @@ class EvalSteps:
             answers = self.p.generate("blue", [Request("blue", styled_blue_messages(p[1], style), prefix=warmup_opening(style))
                                                for p, style in asked], self.p.sampling["blue"])
             eval_rows = [
-                {"prompt": p[1], "response": warmup_opening(style) + a[0].text, "defender": "blue", "basic": p[0], "kind": p[2],
+                {"prompt": judged_prompt(self.p.judge_view, p[0], p[1]), "wrapped": p[1],
+                 "response": warmup_opening(style) + a[0].text, "defender": "blue", "basic": p[0], "kind": p[2],
                  "eval_label": None,
                  "style": style, "iteration": iteration, "phase": "eval_warmup", "step": step}
                 for (p, style), a in zip(asked, answers)
@@ -122,7 +123,7 @@ class EvalSteps:
         samples, preds, comps, metrics = [], [], [], {}
         if "grpo" in objective:
             samples, preds, comps = self._grpo_samples(batch)
-            metrics.update(reward_stats([x.reward for x in samples]), **self.p._set_advantages(samples))
+            metrics.update(reward_stats([x.reward for x in samples]), **self.p._set_advantages(samples, "eval"))
         examples = self.examples(batch) if objective.startswith("sft") else []
         # sft alone in choice mode: what eval answers now comes out of the
         # update's own forward (it scores every label before the step), not
@@ -213,6 +214,7 @@ class EvalSteps:
         return rows
 
     def _check(self, iteration: int, after: str, phase: str, pairs: list[dict], gold: list[str]) -> dict:
+        t0 = time.perf_counter()
         if self.p.choice:
             probs = self._choice_probs([self._request(x) for x in pairs])
             preds = [judged(p) for p in probs]
@@ -229,4 +231,6 @@ class EvalSteps:
             row[f"pred_rate_{c}"] = sum(p == c for p in preds) / len(preds)
         if ece is not None:
             row["ece"] = round(ece, 6)
+        # a check is instrumentation, not training: its cost is reported apart
+        row["check_seconds"] = round(time.perf_counter() - t0, 3)
         return row

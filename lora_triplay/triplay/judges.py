@@ -10,7 +10,7 @@ from ..engine.base import Request, Sampling
 from ..judging.fixed import Case, JudgeError, OpenAIJudge, RulesJudge, is_endpoint
 from ..judging.parsing import LABEL_CHOICES, LABELS, parse_label
 from .config import judge_budget
-from .roles import eval_messages
+from .roles import eval_messages, judged_prompt
 
 
 class EvalJudge:
@@ -29,7 +29,9 @@ class EvalJudge:
         adapter = run.ensure(self.name)
         choice = run.recipe.rewards.judge_mode == "choice"
         sampling = Sampling(max_new_tokens=judge_budget(run.recipe), temperature=0.0)
-        reqs = [Request(adapter, eval_messages(c.prompt, c.response), 1, LABEL_CHOICES if choice else None) for c in cases]
+        view = run.recipe.rewards.judge_prompt  # eval reads what it read in training
+        reqs = [Request(adapter, eval_messages(judged_prompt(view, c.request or c.prompt, c.prompt), c.response), 1,
+                        LABEL_CHOICES if choice else None) for c in cases]
         outs = run.engine.generate(reqs, sampling)
         return [parse_label(o[0].text, LABELS, finished=o[0].finished).label for o in outs]
 

@@ -31,7 +31,7 @@ from .rewards import (
     diversity_penalty,
     red_reward,
 )
-from .roles import EVAL, blue_messages, eval_messages, red_messages, semantic_messages
+from .roles import EVAL, blue_messages, eval_messages, judged_prompt, red_messages, semantic_messages
 
 SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 
@@ -87,6 +87,7 @@ class Phases:
         }
         self.judge_sampling = Sampling(max_new_tokens=game.judge_budget(), temperature=0.0)
         self.choice = r.rewards.judge_mode == "choice"
+        self.judge_view = r.rewards.judge_prompt
         self.evals = EvalSteps(self)
 
     # --------------------------------------------------------------- judge
@@ -197,7 +198,7 @@ class Phases:
             x.answers = answers
         # Every defender's answer judged and every rewrite's goal checked
         # (both ask the eval adapter, neither needs the other's result).
-        judged = [(x.wrapped, x.answers[d.name]) for x in valid for d in defenders]
+        judged = [(judged_prompt(self.judge_view, x.basic.prompt, x.wrapped), x.answers[d.name]) for x in valid for d in defenders]
         sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
         if rw.semantic:
             (labels, soft, bad_cls), (sem_ok, sem_soft, bad_sem) = self.judge_and_semantic(
@@ -221,7 +222,7 @@ class Phases:
         worst = -diversity_penalty(1.0, 1.0, rw.w_bleu, rw.w_cos, rw.k)
         samples = [Sample(x.completion.prompt_ids, x.completion.token_ids, x.group, x.reward if x.wrapped else worst,
                           truncated=not x.completion.finished) for x in rollouts]
-        grpo_metrics = self._set_advantages(samples)
+        grpo_metrics = self._set_advantages(samples, "red")
         # Only attacks that worked AND kept their request's goal enter the
         # pool (a rewrite that dropped the goal is no attack to stay away from).
         successes = [x for x in valid if x.reward is not None and x.semantic_ok is not False
@@ -238,7 +239,10 @@ class Phases:
             asp=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step}
                  for x in successes],
             eval_pairs=[
-                {"prompt": x.wrapped, "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt, "kind": "harmful",
+                # `prompt` is what eval read (rewards.judge_prompt), so the
+                # panel labels and eval learns the pair as it is judged
+                {"prompt": judged_prompt(self.judge_view, x.basic.prompt, x.wrapped), "wrapped": x.wrapped,
+                 "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt, "kind": "harmful",
                  "eval_label": x.labels[d.name], "iteration": iteration, "phase": "red", "step": step}
                 for x in valid for d in defenders
             ],
@@ -291,10 +295,13 @@ class Phases:
             metrics["asr_league"] = mean([float(c == success) for c in judged])
         return metrics
 
-    def _set_advantages(self, samples: list[Sample]) -> dict[str, float]:
-        """Advantages with the recipe's scaling; returns the GRPO diagnostics
-        (frac_zero_std, clipped_ratio, adv_abs_<kind>) for the step's row."""
-        return assign_advantages(samples, self.game.recipe.grpo)
+    def _set_advantages(self, samples: list[Sample], role: str) -> dict[str, float]:
+        """Advantages with the recipe's scaling (and the role's minimum
+        spread); returns the GRPO diagnostics (frac_zero_std, clipped_ratio,
+        adv_abs_<kind>) for the step's row."""
+        cfg = self.game.recipe.grpo
+        own = getattr(self.game.recipe.phases, role).min_reward_std
+        return assign_advantages(samples, cfg if own is None else cfg.model_copy(update={"min_reward_std": own}))
 
     # ---------------------------------------------------------------- blue
     def blue_prompts(self, count: int) -> list[tuple[str, str, str, str]]:
@@ -319,16 +326,17 @@ class Phases:
         group = self.game.group_size_of("blue")
         comps = self.generate("blue", [Request("blue", blue_messages(x), n=group) for _, x, _, _ in prompts], self.sampling["blue"])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
-        labels, soft, bad = self.judge_blue([(p[1], c.text, p[2]) for _, p, c in flat])
+        seen = [judged_prompt(self.judge_view, p[0], p[1]) for _, p, _ in flat]
+        labels, soft, bad = self.judge_blue([(x, c.text, p[2]) for x, (_, p, c) in zip(seen, flat)])
         looping = [degenerate(c.text) for _, _, c in flat]
         samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), loop, r.rewards.degenerate_penalty),
                           truncated=not c.finished, kind=p[2])
                    for (g, p, c), lab, loop in zip(flat, soft, looping)]
-        grpo_metrics = self._set_advantages(samples)
+        grpo_metrics = self._set_advantages(samples, "blue")
         eval_rows = [
-            {"prompt": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
+            {"prompt": x, "wrapped": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
              "iteration": iteration, "phase": "blue", "step": step}
-            for (_, p, c), lab in zip(flat, labels)
+            for x, (_, p, c), lab in zip(seen, flat, labels)
         ]
         metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
                    **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping])}

@@ -219,6 +219,13 @@ def warmup_opening(style: str) -> str:
     return _templates().get("warmup_openings", {}).get(style, "")
 
 
+def judged_prompt(view: str, basic: str, wrapped: str) -> str:
+    """The user prompt eval reads beside an answer (`rewards.judge_prompt`):
+    red's wrapped text (`wrapped`, the paper) or the basic request it wraps
+    (`request`); a benign or unwrapped prompt is both."""
+    return basic if view == "request" else wrapped
+
+
 def eval_messages(prompt: str, response: str) -> list[dict[str, str]]:
     t = _templates()
     user = t["eval_user"].format(prompt=data_block("PROMPT", prompt), response=data_block("RESPONSE", response))
