@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,28 +39,20 @@ def auc(pos: list[float], neg: list[float]) -> float | None:
     return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
 
 
-def _std(v: list[float]) -> float:
-    m = sum(v) / len(v)
-    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else 0.0
-
-
 def refusal_advantage(rows: list[dict], reward, scale: str, min_std: float) -> dict:
-    """Sum of the refusals' advantages and of |advantage| on compliances, by group."""
-    groups = defaultdict(list)
-    for r in rows:
-        groups[(r["step"], r["prompt"])].append(r)
-    batch_std = _std([reward(r) for r in rows])
-    kept, signal, noise = 0, 0.0, 0.0
-    for members in groups.values():
-        v = [reward(r) for r in members]
-        if len(v) < 2 or _std(v) <= min_std:
-            continue
-        kept += 1
-        mean, div = sum(v) / len(v), (_std(v) if scale == "group" else batch_std) + 1e-4
-        for r, x in zip(members, v):
-            a = (x - mean) / div
-            signal, noise = (signal + a, noise) if r["refused"] else (signal, noise + abs(a))
-    return {"groups": len(groups), "kept": kept, "refusal_advantage": round(signal, 3), "compliance_abs_advantage": round(noise, 3)}
+    """Sum of the refusals' advantages and of |advantage| on compliances,
+    with blue's groups (one step's answers to one prompt) and the trainer's
+    own advantage function (training/grpo.py), so the numbers are the ones
+    a step would use."""
+    from lora_triplay.training.grpo import group_advantages
+
+    keys: dict[tuple, int] = {}
+    groups = [keys.setdefault((r["step"], r["prompt"]), len(keys)) for r in rows]
+    advantages = group_advantages([reward(r) for r in rows], groups, scale, min_std=min_std)
+    kept = {g for g, a in zip(groups, advantages) if a != 0.0}
+    signal = sum(a for r, a in zip(rows, advantages) if r["refused"])
+    noise = sum(abs(a) for r, a in zip(rows, advantages) if not r["refused"])
+    return {"groups": len(keys), "kept": len(kept), "refusal_advantage": round(signal, 3), "compliance_abs_advantage": round(noise, 3)}
 
 
 def summarise(rows: list[dict]) -> dict:

@@ -11,11 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from lora_triplay.engine.base import BASE
 from lora_triplay.recipe import build_recipe
 from lora_triplay.triplay.config import ExpertsConfig
-from lora_triplay.triplay.experts import ExpertPanel
+from lora_triplay.triplay.experts import SELF, EngineSource, ExpertPanel
 from lora_triplay.triplay.game import TriPlay
 from lora_triplay.triplay.loop import Phases
+from lora_triplay.triplay.roles import ROLE_ADAPTERS
 
 REFUSAL = "I'm sorry, I can't help with that. A safer option is to ask a professional."
 PAIRS = [  # the rule expert says unsafe for the harmful compliance only, so some pairs reach the utility vote
@@ -62,15 +64,25 @@ def test_panel_in_one_call_labels_as_in_two(role_model, choice_mode):
     model, tok = role_model
     # one prompted safety expert beside the rule expert: a pair is safe only if both say so (a tie never decides)
     cfg = ExpertsConfig(safety_experts=1, utility_experts=2, min_votes=1, min_agreement=0.6)
-    runs = {}
-    for one_call in (False, True):
+
+    def panel(adapter, one_call):
         engine = Recording(HFEngine(model, tok))
-        labels = ExpertPanel(engine, cfg, max_new_tokens=6, choice_mode=choice_mode, one_call=one_call).label(PAIRS)
-        runs[one_call] = engine, labels
-    (two, apart), (one, together) = runs[False], runs[True]
+        source = EngineSource(engine, SELF, adapter)
+        return engine, ExpertPanel(engine, cfg, max_new_tokens=6, choice_mode=choice_mode, one_call=one_call,
+                                   sources=[source]).label(PAIRS)
+
+    # The random tiny model's safety votes are arbitrary (its tokenizer and so its weights follow the seed
+    # prompts): the expert is whichever of its four adapters splits the pairs on the safety vote, since only
+    # a split shows that the utility round asks the safe pairs alone.
+    for adapter in [BASE, *ROLE_ADAPTERS.values()]:
+        two, apart = panel(adapter, one_call=False)
+        safe = sum("utility" in x.votes for x in apart)
+        if 0 < safe < len(PAIRS):
+            break
+    else:
+        pytest.fail("no adapter of the tiny model splits the pairs on the safety vote; the test would show nothing")
+    one, together = panel(adapter, one_call=True)
     assert [(x.label, x.agreement, x.votes, x.quorum) for x in together] == [(x.label, x.agreement, x.votes, x.quorum) for x in apart]
-    safe = sum("utility" in x.votes for x in apart)
-    assert 0 < safe < len(PAIRS), "the pairs should split on the safety vote, or the test shows nothing"
     assert one.calls == [len(PAIRS) * (1 + 2)]  # every pair x (1 safety + 2 utility) instructions, one call
     assert two.calls == [len(PAIRS), safe * 2]  # safety first, then utility for the safe pairs only
     assert _same_answers(one, two) == len(PAIRS) + safe * 2

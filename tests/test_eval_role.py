@@ -181,8 +181,10 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
     gold = tmp_path / "gold.jsonl"
     gold.write_text("".join(json.dumps({"prompt": f"request {i}", "response": "I can't help.", "label": LABELS[i % 3]}) + "\n"
                             for i in range(6)))
-    recipe = build_recipe({**RECIPE, "model": {"base": tiny_model_dir, "device": "cpu", "dtype": "float32"},
-                           "experts": {**RECIPE["experts"], "gold_pairs": str(gold)}})
+    # the rule expert alone: the random tiny model's votes are arbitrary and a panel that abstains on every
+    # held-out pair of the warm start leaves nothing to check there (what this test asks for)
+    experts = {**RECIPE["experts"], "safety_experts": 0, "utility_experts": 0, "min_votes": 1, "gold_pairs": str(gold)}
+    recipe = build_recipe({**RECIPE, "model": {"base": tiny_model_dir, "device": "cpu", "dtype": "float32"}, "experts": experts})
     session = Session.open(recipe, tmp_path / "run")
     session.run()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -157,6 +157,32 @@ def test_a_phase_sets_its_own_minimum_reward_spread():
     assert not any(x.flat for x in red) and red[1].advantage > 0  # red keeps grpo.min_reward_std (0)
 
 
+def test_blue_groups_carry_the_greedy_answer_when_asked():
+    loop = "I'm sorry. " * 12
+
+    class ModeLoops(Scripted):  # the greedy answer loops, the samples do not (as a 135M blue's did)
+        def generate(self, requests, sampling):
+            self.answer = (lambda a, p: loop) if sampling.greedy else (lambda a, p: "Here is a safe, helpful answer.")
+            return super().generate(requests, sampling)
+
+    engine = ModeLoops(label=lambda p, r: "positive")
+    s, phases = _session(engine, phases={"blue": {"greedy_member": True, "group_size": 4}},
+                         rewards={"degenerate_penalty": 1.5})
+    result = phases.blue_step(1, 1)
+    blue = [r for r in engine.requests if r.adapter == "blue"]
+    assert sorted(r.n for r in blue) == [1] * 4 + [3] * 4  # 4 prompts: 3 samples each, then each prompt's greedy answer
+    groups = {}
+    for x in result.samples:
+        groups.setdefault(x.group, []).append(x.reward)
+    # every group of 4 holds the looping greedy answer, penalised (1 - 1.5) below its three samples (1)
+    assert all(sorted(v) == [-0.5, 1.0, 1.0, 1.0] for v in groups.values()) and len(groups) == 4
+    assert result.metrics["degenerate_rate"] == 0.25
+    s_plain, plain = _session(ModeLoops(label=lambda p, r: "positive"), phases={"blue": {"group_size": 4}})
+    assert plain.blue_step(1, 1).metrics["degenerate_rate"] == 0.0  # without it the loop is never seen
+    with pytest.raises(ValueError, match="only blue"):
+        build_recipe({"phases": {"red": {"greedy_member": True}}})
+
+
 def test_eval_warm_start_labels_base_answers_and_trains():
     refusal = "I'm sorry, but I can't help with that."
     engine = Scripted(answer=lambda a, p: refusal if "wrapped" in p else "Here is a safe answer.")

@@ -39,6 +39,11 @@ class PhaseConfig(_Strict):
         "set (supervised.py), or both in one update"
     )
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="eval only: label smoothing of the cross-entropy objective")
+    greedy_member: bool = Field(
+        False, description="blue only: one answer of each group decoded greedily, the answer a user gets at temperature 0, "
+        "so the judge and the degenerate penalty also see the mode (a small blue's sampled answers rarely loop while its "
+        "greedy ones do)"
+    )
 
 
 class WarmupConfig(_Strict):
@@ -290,6 +295,9 @@ class TriPlaySections(_Strict):
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"defenders: names must be unique, got {names}; remove the repeated {dup}")
+        for role in ("red", "eval"):
+            if getattr(self.phases, role).greedy_member:
+                raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")
         for role in ("red", "blue"):
             phase = getattr(self.phases, role)
             if phase.objective != "grpo" or phase.label_smoothing:

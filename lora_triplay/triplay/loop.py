@@ -324,7 +324,7 @@ class Phases:
         r = self.game.recipe
         prompts = self.blue_prompts(self.game.prompts_of("blue"))
         group = self.game.group_size_of("blue")
-        comps = self.generate("blue", [Request("blue", blue_messages(x), n=group) for _, x, _, _ in prompts], self.sampling["blue"])
+        comps = self.blue_answers([blue_messages(x) for _, x, _, _ in prompts], group)
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
         seen = [judged_prompt(self.judge_view, p[0], p[1]) for _, p, _ in flat]
         labels, soft, bad = self.judge_blue([(x, c.text, p[2]) for x, (_, p, c) in zip(seen, flat)])
@@ -360,6 +360,21 @@ class Phases:
             for (_, p, c), lab in list(zip(flat, labels))[: r.run.transcripts]
         ]
         return step_result(samples, metrics, eval_pairs=eval_rows, transcripts=transcripts)
+
+    def blue_answers(self, chats: list, group: int) -> list:
+        """Blue's group for each chat: `group` samples, or with
+        phases.blue.greedy_member `group - 1` samples and the greedy answer.
+        Measured 2026-12-02 on the third evidence run's final blue (seed 0,
+        JBB harmful): 15% of its greedy answers looped against 0% of its
+        samples at temperature 1, so a penalty on samples never reached the
+        loops users (and the held-out checks) see."""
+        sampling = self.sampling["blue"]
+        if not self.game.recipe.phases.blue.greedy_member:
+            return self.generate("blue", [Request("blue", c, n=group) for c in chats], sampling)
+        greedy = Sampling(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
+        sampled = self.generate("blue", [Request("blue", c, n=group - 1) for c in chats], sampling)
+        modes = self.generate("blue", [Request("blue", c) for c in chats], greedy)
+        return [s + m for s, m in zip(sampled, modes)]
 
     # ---------------------------------------------------------------- eval
     def eval_step(self, iteration: int, step: int) -> StepResult:
