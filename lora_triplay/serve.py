@@ -31,6 +31,8 @@ CPU_MEMORY_UTILIZATION = "0.3"
 READY_MARKERS = ("Application startup complete", "Uvicorn running on")
 # What a failed start usually means, and what to do (first match wins).
 START_FAILURES = (
+    ("requested memory for kv", "the KV cache does not fit in the memory left: stop other processes or lower "
+     "VLLM_CPU_KVCACHE_SPACE (GiB; 2 unless set)"),
     ("memory utilization", "lower vLLM's share: add `-- --gpu-memory-utilization 0.3` (or less)"),
     ("out of memory", "lower vLLM's share (`-- --gpu-memory-utilization 0.5`) or --max-model-len"),
     ("Address already in use", "another server holds the port: pick another with --port"),
@@ -152,8 +154,10 @@ def explain_failure(log_lines: Sequence[str], code: int) -> str:
     """One line for a server that exited before it was ready."""
     errors = [line.strip() for line in log_lines if "Error" in line or "error" in line]
     last = errors[-1] if errors else (log_lines[-1].strip() if log_lines else f"exit code {code}")
-    text = "\n".join(log_lines)
-    fix = next((hint for needle, hint in START_FAILURES if needle.lower() in text.lower()), "see the full log")
+    # the hints match error lines only: vLLM echoes its arguments first
+    # (`'max_lora_rank': 8`), which once named the rank for a full memory
+    text = "\n".join(errors or log_lines[-1:]).lower()
+    fix = next((hint for needle, hint in START_FAILURES if needle.lower() in text), "see the full log")
     return f"vLLM did not start (exit code {code}): {last[:300]}; {fix}"
 
 

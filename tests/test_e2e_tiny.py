@@ -180,18 +180,19 @@ def test_readme_run_folder_table_matches_the_run(tiny_run):
 
 
 # Measured once on this repo's tiny run (the same on 1 and 2 torch threads;
-# re-measured 2026-12-01: the tiny tokenizer is trained on the package's
-# prompt files: eval's warm-start openings joined templates.yaml):
+# re-measured 2026-12-02: the tiny tokenizer is trained on the package's
+# prompt files, and 40 benign topic twins joined benign_prompts.jsonl; the
+# previous file still gives the previous numbers exactly):
 # (phase, step, reward_mean, grad_norm, entropy, kl). A change to sampling,
 # rewards, advantages, the loss or the optimizer moves these numbers; if the
 # change is intended, rerun the tiny recipe and update them in the same commit.
 PINNED = [
-    ("red", 1, 0.001796, 0.025599, 6.917065, 0.0),
-    ("red", 2, 0.001789, 0.018330, 6.916911, 3.055e-06),
-    ("blue", 1, 0.519964, 0.167432, 6.917153, 0.0),
-    ("blue", 2, 0.519256, 0.155630, 6.917097, 7.120e-06),
-    ("eval", 1, 0.333333, 0.222161, 6.917183, 0.0),
-    ("eval", 2, 0.333333, 0.224173, 6.917194, 0.00012814),
+    ("red", 1, 0.001765, 0.011481, 6.917143, 0.0),
+    ("red", 2, 0.001770, 0.019089, 6.916948, 2.742e-06),
+    ("blue", 1, 0.511951, 0.158252, 6.917194, 0.0),
+    ("blue", 2, 0.512575, 0.163444, 6.917162, 1.209e-05),
+    ("eval", 1, 0.333333, 0.240527, 6.916961, 0.0),
+    ("eval", 2, 0.333333, 0.234210, 6.916990, 0.0001364),
 ]
 
 

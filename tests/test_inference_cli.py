@@ -375,6 +375,21 @@ def test_serve_dry_run(tiny_run, tiny_model_dir):
     assert cmd0[-2:] == ["--gpu-memory-utilization", "0.8"]
 
 
+def test_a_failed_server_start_names_the_cause_in_its_error_lines():
+    from lora_triplay.serve import explain_failure
+
+    # vLLM echoes its arguments before it fails: the hint must come from the error, not from the echo
+    log = ["INFO non-default args: {'enable_lora': True, 'max_loras': 3, 'max_lora_rank': 8}",
+           "ERROR EngineCore failed to start.",
+           "ERROR ValueError: Available memory on node 0 (1.18/23.54 GiB) on kv cache allocation is less than "
+           "requested memory for kv (2.0 GiB)."]
+    line = explain_failure(log, 1)
+    assert "VLLM_CPU_KVCACHE_SPACE" in line and "lora.rank" not in line and "1.18/23.54 GiB" in line
+    rank = ["INFO non-default args: {'max_lora_rank': 8}", "ERROR ValueError: LoRA rank 16 is greater than max_lora_rank 8."]
+    assert "lora.rank is larger" in explain_failure(rank, 1)
+    assert explain_failure(["INFO starting", "INFO killed"], 137).endswith("see the full log")
+
+
 def test_serve_without_vllm_prints_command_and_install_hint(tiny_run, monkeypatch):
     import lora_triplay.serve as serve
 
