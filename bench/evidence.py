@@ -21,9 +21,9 @@ prepare  held-out sets sampled once (seed 0) from the public files in --data,
          built: this code and bench/results/evidence/heldout.json.
 train    recipes/cpu-evidence.yaml, one run per configuration, `--jobs` at a
          time (default 1: two runs sharing two cores make both timings
-         meaningless), one torch thread each. Every run is checked against
-         the labelled answer set during training (experts.gold_pairs): eval's
-         accuracy after its warm start comes from there.
+         meaningless), one torch thread each. Every run checks eval against
+         the labelled answer set once during training, after its warm start
+         (experts.gold_pairs, gold_after): that accuracy comes from there.
 eval     `lora-triplay eval` on every run and iteration (0 = untrained),
          rules judge: blue on every held-out set, red's attacks against the
          base and the run's final blue, eval's accuracy on the labelled set.
@@ -153,8 +153,11 @@ def build_labelled_pairs(held: Path, data: Path, rng: random.Random) -> dict:
 # ------------------------------------------------------------------- train
 
 def gold(work: Path) -> list[str]:
-    """Every run checks eval against the labelled answer set while it trains."""
-    return [f"experts.gold_pairs={work / 'heldout' / 'labelled-pairs.jsonl'}"]
+    """Every run checks eval against the labelled answer set once while it
+    trains, after its warm start (which leaves no snapshot); after every
+    P_eval the eval stage measures the same on the snapshots (eval@N), so a
+    check there would only add ~2 minutes a phase to the training time."""
+    return [f"experts.gold_pairs={work / 'heldout' / 'labelled-pairs.jsonl'}", "experts.gold_after=[eval_warmup]"]
 
 
 def train(work: Path, names: list[str], jobs: int) -> dict:

@@ -175,7 +175,8 @@ RECIPE = {
 }
 
 
-def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("gold_after", [["eval_warmup", "eval"], ["eval_warmup"]])
+def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, tmp_path, gold_after):
     from lora_triplay.core.session import Session
 
     gold = tmp_path / "gold.jsonl"
@@ -183,7 +184,8 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
                             for i in range(6)))
     # the rule expert alone: the random tiny model's votes are arbitrary and a panel that abstains on every
     # held-out pair of the warm start leaves nothing to check there (what this test asks for)
-    experts = {**RECIPE["experts"], "safety_experts": 0, "utility_experts": 0, "min_votes": 1, "gold_pairs": str(gold)}
+    experts = {**RECIPE["experts"], "safety_experts": 0, "utility_experts": 0, "min_votes": 1, "gold_pairs": str(gold),
+               "gold_after": gold_after}
     recipe = build_recipe({**RECIPE, "model": {"base": tiny_model_dir, "device": "cpu", "dtype": "float32"}, "experts": experts})
     session = Session.open(recipe, tmp_path / "run")
     session.run()
@@ -195,7 +197,8 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
     assert all("ce_loss" in r for r in evals)
     assert {r["lr"] for r in warm} == {3e-3} and {r["lr"] for r in evals} == {1e-3}  # the warm start's own rate, then eval's
     checks = {(r["phase"], r["after"]) for r in rows if r["phase"] in ("eval_heldout", "eval_gold")}
-    assert checks == {("eval_heldout", "eval_warmup"), ("eval_heldout", "eval"), ("eval_gold", "eval_warmup"), ("eval_gold", "eval")}
+    # the held-out slice after every eval phase; the gold file only after the phases asked for
+    assert checks == {("eval_heldout", "eval_warmup"), ("eval_heldout", "eval")} | {("eval_gold", p) for p in gold_after}
     gold_rows = [r for r in rows if r["phase"] == "eval_gold"]
     assert all(r["n"] == 6 and 0 <= r["accuracy"] <= 1 and "ece" in r for r in gold_rows)
     assert all(set(f"recall_{c}" for c in LABELS) <= set(r) for r in gold_rows)

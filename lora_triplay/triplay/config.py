@@ -236,6 +236,12 @@ class ExpertsConfig(_Strict):
         None, description="a JSONL file of labelled answers (prompt, response, label; kind optional) eval is checked "
         "against after its warm start and every P_eval, never trained on (`phase: eval_gold` rows)"
     )
+    gold_after: list[Literal["eval_warmup", "eval"]] = Field(
+        default_factory=lambda: ["eval_warmup", "eval"], min_length=1,
+        description="after which phases eval is checked against gold_pairs: its warm start, every P_eval, or both. A check "
+        "is a judge call over the whole file (120 pairs: ~110 s at 135M on one CPU thread); after P_eval it repeats what "
+        "`lora-triplay eval --eval-set` measures on the snapshots afterwards, while the warm start leaves no snapshot"
+    )
 
     @field_validator("gold_pairs")
     @classmethod

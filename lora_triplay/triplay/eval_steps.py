@@ -201,7 +201,8 @@ class EvalSteps:
     def checks(self, iteration: int, after: str) -> list[dict]:
         """Eval on the pairs kept out of its training (`eval_heldout`; its
         calibration error goes to the state, for soft labels) and on the
-        recipe's gold file (`eval_gold`): one metrics row each."""
+        recipe's gold file (`eval_gold`, after the phases in
+        `experts.gold_after`): one metrics row each."""
         game = self.game
         rows = []
         held = game.data.heldout_pairs()
@@ -209,7 +210,7 @@ class EvalSteps:
             rows.append(self._check(iteration, after, "eval_heldout", held, [x["panel_label"] for x in held]))
             if "ece" in rows[-1]:
                 game.state["eval_ece"] = rows[-1]["ece"]
-        if game.data.gold:
+        if game.data.gold and after in game.recipe.experts.gold_after:
             rows.append(self._check(iteration, after, "eval_gold", game.data.gold, [x["label"] for x in game.data.gold]))
         return rows
 
