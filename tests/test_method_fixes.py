@@ -111,6 +111,27 @@ def test_blue_trains_on_the_benign_stream_as_asked():
     assert order != [b.id for b in RunData(other, {"benign_cursor": 0}, None).next_benign(10)]
 
 
+def test_blue_asks_a_share_of_harmful_requests_as_written():
+    refusal = "I'm sorry, but I can't help with that."
+    engine = Scripted(answer=lambda a, p: "Sure." if p.startswith("wrapped:") else refusal,
+                      label=lambda p, r: "rejective" if r == refusal else "negative")
+    s, phases = _session(engine, grpo={"prompts_per_step": 8}, data={"benign_share": 0.5, "raw_share": 0.5})
+    result = phases.blue_step(1, 1)
+    basics = {b.prompt for b in s.data.basic}
+    red = [r for r in engine.requests if r.adapter == "red"]
+    assert len(red) == 2  # 4 harmful requests: 2 wrapped by red, 2 asked as written (no rewrite asked for them)
+    asked = [r.messages[-1]["content"] for r in engine.requests if r.adapter == "blue"]
+    assert sum(a in basics for a in asked) == 2 and sum(a.startswith("wrapped:") for a in asked) == 2
+    pairs = result.rows["eval_pairs"]
+    plain = [p for p in pairs if p["kind"] == "harmful" and p["prompt"] == p["basic"]]
+    assert len(plain) == 4 and all(p["prompt"] in basics for p in plain)  # eval learns plain harmful requests too
+    assert result.metrics["raw_refusal_rate"] == 1.0 and result.metrics["harmful_refusal_rate"] == 0.5
+    _, none = _session(Scripted(), grpo={"prompts_per_step": 8}, data={"benign_share": 0.5})
+    assert "raw_refusal_rate" not in none.blue_step(1, 1).metrics  # the paper's stream: every harmful prompt a rewrite
+    with pytest.raises(ValueError, match="raw_share"):
+        build_recipe({"data": {"raw_share": 0.5, "blue_attacks": "seeds"}})
+
+
 @pytest.mark.parametrize("view", ["wrapped", "request"])
 def test_eval_reads_the_prompt_the_recipe_names(view):
     """rewards.judge_prompt: eval judges red's rewrite (the paper) or the basic

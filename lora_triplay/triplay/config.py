@@ -258,6 +258,12 @@ class DataConfig(_Strict):
     limit: int | None = Field(None, ge=1)
     benign_prompts: str = Field("builtin", description="benign but sensitive-sounding requests for blue: `builtin` or a CSV/JSONL file")
     benign_share: float = Field(0.0, ge=0, le=0.9, description="share of blue's training prompts that are benign (asked as they are)")
+    raw_share: float = Field(
+        0.0, ge=0, le=1, description="share of blue's harmful prompts asked as the seed request is written instead of "
+        "red's rewrite (data.blue_attacks: red). Without it every harmful prompt eval learns from after its warm start "
+        "is a rewrite and every request asked as written is benign, and eval can learn that shortcut: a plain request's "
+        "compliance looks safe (benchmarks such as JailbreakBench ask plainly)"
+    )
     blue_attacks: str = Field(
         "red", description="blue's harmful prompts: `red` (the latest red wraps each seed request, the paper), `seeds` "
         "(the seed requests as they are), or a CSV/JSONL file of attacks taken in its order, epoch after epoch (a fixed "
@@ -301,6 +307,9 @@ class TriPlaySections(_Strict):
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"defenders: names must be unique, got {names}; remove the repeated {dup}")
+        if self.data.raw_share and self.data.blue_attacks != "red":
+            raise ValueError(f"data.raw_share mixes plain requests into red's rewrites; with data.blue_attacks = "
+                             f"{self.data.blue_attacks!r} there are no rewrites: set data.raw_share=0 or data.blue_attacks=red")
         for role in ("red", "eval"):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")

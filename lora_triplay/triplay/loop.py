@@ -307,17 +307,23 @@ class Phases:
     def blue_prompts(self, count: int) -> list[tuple[str, str, str, str]]:
         """(basic request, prompt blue sees, kind, writer) for one blue step:
         the latest red's wraps of seed requests (some by past reds with a
-        league), plus the benign stream asked as it is (`data.benign_share`)."""
+        league, `data.raw_share` of them asked as written: writer `seeds`),
+        plus the benign stream asked as it is (`data.benign_share`)."""
         game = self.game
         items, benign_requests = game.data.blue_requests(count)
         benign = [(b.prompt, b.prompt, "benign", "benign") for b in benign_requests]
         if game.recipe.data.blue_attacks != "red":  # no red: the seed requests as they are, or a fixed attack set
             return [(b.prompt, b.prompt, "harmful", "seeds" if game.recipe.data.blue_attacks == "seeds" else "attacks") for b, _ in items] + benign
-        # Who wraps each request: the current red, or a past one (league.py)
+        # the items come from a seeded shuffle: the first ones go as written
+        n_raw = round(game.recipe.data.raw_share * len(items))
+        raw, items = items[:n_raw], items[n_raw:]
+        # Who wraps each other request: the current red, or a past one (league.py)
         writers = assign_writers(len(items), game.recipe.league.attacker_share, game.attackers,
                                  f"{game.recipe.seed}:league:{game.state['global_step']}")
-        wraps = self.generate("red", [Request(w, red_messages(b.prompt, t)) for (b, t), w in zip(items, writers)], self.sampling["red"])
-        harmful = [(b.prompt, extract_wrapped_prompt(x[0].text) or b.prompt, "harmful", w) for (b, _), x, w in zip(items, wraps, writers)]
+        wraps = self.generate("red", [Request(w, red_messages(b.prompt, t)) for (b, t), w in zip(items, writers)],
+                              self.sampling["red"]) if items else []
+        harmful = [(b.prompt, b.prompt, "harmful", "seeds") for b, _ in raw]
+        harmful += [(b.prompt, extract_wrapped_prompt(x[0].text) or b.prompt, "harmful", w) for (b, _), x, w in zip(items, wraps, writers)]
         return harmful + benign
 
     def blue_step(self, iteration: int, step: int) -> StepResult:
@@ -346,6 +352,9 @@ class Phases:
                 metrics.update(rates([lab for lab, _ in mine], f"{kind}_rate_"))
                 # a fixed monitor beside the judge's opinion: the refusal rules (over-refusal on benign prompts)
                 metrics[f"{kind}_refusal_rate"] = mean([float(refused(c.text)) for _, c in mine])
+        plain = [c for _, p, c in flat if p[2] == "harmful" and p[3] == "seeds"]
+        if plain and r.data.blue_attacks == "red":  # data.raw_share: blue on harmful requests asked as written
+            metrics["raw_refusal_rate"] = mean([float(refused(c.text)) for c in plain])
         old_attacks = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[3].startswith("red@")]
         if old_attacks:  # blue against attacks written by past reds (league.py)
             metrics.update(rates([lab for lab, _ in old_attacks], "league_rate_"))
