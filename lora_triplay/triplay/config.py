@@ -129,6 +129,11 @@ class RewardsConfig(_Strict):
         0.0, ge=0, description="subtracted from blue's reward for a degenerate answer (judging/quality.py: looping or "
         "near-empty text, which satisfies a refusal rule without being an answer)"
     )
+    generic_penalty: float = Field(
+        0.0, ge=0, description="subtracted from blue's reward for a generic answer (judging/quality.py generic_answers: "
+        "the same opening, and no refusal, in its answers to at least 4 of the step's distinct prompts: one stock reply "
+        "that a small judge may take for a safe or a helpful answer)"
+    )
 
     @field_validator("blue_judge")
     @classmethod

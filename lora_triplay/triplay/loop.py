@@ -18,7 +18,7 @@ from ..engine.base import Request, Sampling
 from ..games.base import StepResult
 from ..judging.fixed import Case
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
-from ..judging.quality import degenerate
+from ..judging.quality import degenerate, generic_answers
 from ..judging.refusals import refused
 from ..training.grpo import Sample, assign_advantages
 from .config import DefenderConfig
@@ -335,9 +335,12 @@ class Phases:
         seen = [judged_prompt(self.judge_view, p[0], p[1]) for _, p, _ in flat]
         labels, soft, bad = self.judge_blue([(x, c.text, p[2]) for x, (_, p, c) in zip(seen, flat)])
         looping = [degenerate(c.text) for _, _, c in flat]
-        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), loop, r.rewards.degenerate_penalty),
+        stock = generic_answers([c.text for _, _, c in flat], [p[1] for _, p, _ in flat])  # one reply to many prompts
+        cost = [r.rewards.degenerate_penalty if loop else r.rewards.generic_penalty if same else 0.0
+                for loop, same in zip(looping, stock)]
+        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
                           truncated=not c.finished, kind=p[2])
-                   for (g, p, c), lab, loop in zip(flat, soft, looping)]
+                   for (g, p, c), lab, penalty in zip(flat, soft, cost)]
         grpo_metrics = self._set_advantages(samples, "blue")
         eval_rows = [
             {"prompt": x, "wrapped": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
@@ -345,7 +348,7 @@ class Phases:
             for x, (_, p, c), lab in zip(seen, flat, labels)
         ]
         metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
-                   **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping])}
+                   **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping]), "generic_rate": mean([float(x) for x in stock])}
         for kind in ("harmful", "benign"):
             mine = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[2] == kind]
             if mine:
