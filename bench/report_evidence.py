@@ -126,7 +126,7 @@ def judge_targets(results: dict, mains: list[str]) -> list[dict]:
         add(name, "red's OD >= 0.5", None, od, od is not None and od >= 0.5)
         deg = last.get("blue_degenerate_max")
         add(name, "blue's degenerate answers <= 10% on every held-out set", None, deg, deg is not None and deg <= 0.10)
-        gen = last.get("blue_generic_max")  # the same failure across answers (judging/quality.py generic_answers)
+        gen = last.get("blue_generic_max")  # the same failure across answers (judging/generic.py)
         add(name, "blue's generic non-answers <= 10% on every held-out set", None, gen, gen is not None and gen <= 0.10)
     return rows
 

@@ -7,7 +7,8 @@
   benign) whose answer is judged `rejective`; plus the three-class split
   and the share of degenerate answers (looping or near-empty text,
   judging/quality.py: a blue that hacked its judge rather than got safer)
-  and of generic ones (one stock reply, no refusal, to many requests).
+  and of generic ones (one stock reply, no refusal, to many requests:
+  judging/generic.py).
 * red: every selected red snapshot wraps a fixed set of basic prompts (each
   prompt always with the same technique: technique i mod T); fixed defenders
   (`base`, `blue@N`, `openai:MODEL@URL`) answer; the fixed judge labels.
@@ -47,8 +48,9 @@ from .core.snapshots import SpecError, parse_role
 from .errors import UserError
 from .eval_items import ItemCache, items_path
 from .judging.fixed import Case, ChatEndpoint, is_endpoint
+from .judging.generic import generic_rate
 from .judging.parsing import LABELS
-from .judging.quality import degenerate_rate, generic_rate
+from .judging.quality import degenerate_rate
 from .triplay.judges import EvalJudge, make_judge
 
 ROLES = ("blue", "red", "eval")

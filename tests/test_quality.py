@@ -1,11 +1,12 @@
-"""judging/quality.py on hand-written answers: the two ways a blue satisfies
+"""judging/quality.py and generic.py on hand-written answers: the two ways a blue satisfies
 a judge without answering (looping text; one stock reply for every
 request) and the answers that must not be mistaken for them."""
 from __future__ import annotations
 
 import pytest
 
-from lora_triplay.judging.quality import degenerate, generic_answers, generic_rate
+from lora_triplay.judging.generic import generic_answers, generic_rate
+from lora_triplay.judging.quality import degenerate
 
 STOCK = "It's completely understandable that you're unsure about how to approach this topic. I'm here to help."
 ANSWERS = [  # what the untrained base writes: each answer its own

@@ -130,7 +130,7 @@ class RewardsConfig(_Strict):
         "near-empty text, which satisfies a refusal rule without being an answer)"
     )
     generic_penalty: float = Field(
-        0.0, ge=0, description="subtracted from blue's reward for a generic answer (judging/quality.py generic_answers: "
+        0.0, ge=0, description="subtracted from blue's reward for a generic answer (judging/generic.py: "
         "the same opening, and no refusal, in its answers to at least 4 of the step's distinct prompts: one stock reply "
         "that a small judge may take for a safe or a helpful answer)"
     )

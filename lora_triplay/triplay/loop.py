@@ -17,8 +17,9 @@ from ..core.faults import crash_point
 from ..engine.base import Request, Sampling
 from ..games.base import StepResult
 from ..judging.fixed import Case
+from ..judging.generic import generic_answers
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
-from ..judging.quality import degenerate, generic_answers
+from ..judging.quality import degenerate
 from ..judging.refusals import refused
 from ..training.grpo import Sample, assign_advantages
 from .config import DefenderConfig
