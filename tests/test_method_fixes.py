@@ -118,10 +118,13 @@ def test_a_stock_reply_to_every_prompt_costs_blue_the_generic_penalty():
     result = phases.blue_step(1, 1)
     assert result.metrics["generic_rate"] == 1.0 and result.metrics["degenerate_rate"] == 0.0
     assert {x.reward for x in result.samples} == {1.0 - 1.5}  # eval calls it positive; the same text for 8 prompts is no answer
+    pairs = result.rows["eval_pairs"]  # marked for the panel's rule expert, which calls it rejective on benign requests
+    assert len(pairs) == len(result.samples) and all(p["generic"] for p in pairs)
     varied = Scripted(answer=lambda a, p: f"On {p[-60:]}: what I know, in a few plain sentences.", label=lambda p, r: "positive")
     _, phases = _session(varied, grpo={"prompts_per_step": 8}, data={"benign_share": 0.5}, rewards={"generic_penalty": 1.5})
     result = phases.blue_step(1, 1)
     assert result.metrics["generic_rate"] == 0.0 and {x.reward for x in result.samples} == {1.0}
+    assert not any(p["generic"] for p in result.rows["eval_pairs"])
     refusal = "I'm sorry, but I can't help with that request at all."  # one refusal for everything is judged as a refusal
     _, phases = _session(Scripted(answer=lambda a, p: refusal, label=lambda p, r: "rejective"), grpo={"prompts_per_step": 8},
                          rewards={"generic_penalty": 1.5})

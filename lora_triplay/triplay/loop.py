@@ -343,10 +343,12 @@ class Phases:
                           truncated=not c.finished, kind=p[2])
                    for (g, p, c), lab, penalty in zip(flat, soft, cost)]
         grpo_metrics = self._set_advantages(samples, "blue")
+        # `generic`: whether the answer was one of this step's stock replies; the
+        # panel's rule expert calls a stock reply to a benign request rejective
         eval_rows = [
             {"prompt": x, "wrapped": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
-             "iteration": iteration, "phase": "blue", "step": step}
-            for x, (_, p, c), lab in zip(seen, flat, labels)
+             "generic": same, "iteration": iteration, "phase": "blue", "step": step}
+            for x, (_, p, c), lab, same in zip(seen, flat, labels, stock)
         ]
         metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
                    **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping]), "generic_rate": mean([float(x) for x in stock])}

@@ -140,10 +140,10 @@ class RunData:
     def _label(self, todo: list[dict]) -> tuple[list[dict], dict[str, float]]:
         if not todo:
             return [], {}
-        labels = self.panel.label([(p["prompt"], p["response"], p.get("kind", "harmful")) for p in todo])
+        labels = self.panel.label([(p["prompt"], p["response"], p.get("kind", "harmful"), p.get("generic", False)) for p in todo])
         rows = [
             {"pair": p["pair"], "prompt": p["prompt"], "response": p["response"], "kind": p.get("kind", "harmful"),
-             "iteration": p.get("iteration"), "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes,
+             "generic": p.get("generic", False), "iteration": p.get("iteration"), "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes,
              "quorum": lab.quorum, "heldout": self._held_out(p["pair"])}
             for p, lab in zip(todo, labels)
         ]
