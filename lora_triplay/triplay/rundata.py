@@ -143,8 +143,8 @@ class RunData:
         labels = self.panel.label([(p["prompt"], p["response"], p.get("kind", "harmful"), p.get("generic", False)) for p in todo])
         rows = [
             {"pair": p["pair"], "prompt": p["prompt"], "response": p["response"], "kind": p.get("kind", "harmful"),
-             "generic": p.get("generic", False), "iteration": p.get("iteration"), "panel_label": lab.label, "agreement": lab.agreement, "votes": lab.votes,
-             "quorum": lab.quorum, "heldout": self._held_out(p["pair"])}
+             "generic": p.get("generic", False), "iteration": p.get("iteration"), "panel_label": lab.label,
+             "agreement": lab.agreement, "votes": lab.votes, "quorum": lab.quorum, "heldout": self._held_out(p["pair"])}
             for p, lab in zip(todo, labels)
         ]
         self.pending = rows
