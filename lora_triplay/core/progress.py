@@ -56,9 +56,10 @@ def closing_note(recipe) -> str | None:
     if recipe.model.base != EMBEDDED or recipe.game != "triplay":
         return None
     # At most 80 columns a line: rich's width when stdout is a log, not a terminal.
-    return ("note: this run shows that the machinery works. SmolLM2-135M, 3 iterations:\n"
-            "eval ~0.7 (chance: 1/3), blue's JBB ASR -38..-60 points, over-refusal +23..32,\n"
-            'no better than a fixed judge (README "Does it work?", `make evidence`).')
+    # Kept free of one run's numbers: they go stale with every evidence run.
+    return ("note: this run shows that the machinery works, not that blue gets safer:\n"
+            "SmolLM2-135M, 3 iterations: eval ~0.6-0.7 (chance: 1/3); blue learns the\n"
+            'stock replies its judge pays for (README "Does it work?", `make evidence`).')
 
 
 def run_with_progress(recipe, folder: Path, *, resume: bool, allow_recipe_change: bool, check_plan: bool = True,
