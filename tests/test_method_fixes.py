@@ -125,6 +125,12 @@ def test_a_stock_reply_to_every_prompt_costs_blue_the_generic_penalty():
     result = phases.blue_step(1, 1)
     assert result.metrics["generic_rate"] == 0.0 and {x.reward for x in result.samples} == {1.0}
     assert not any(p["generic"] for p in result.rows["eval_pairs"])
+    verbs = ("protect", "create", "understand", "manage")  # one reply, its fifth word varied: a stock reply at 4 words, not at 6
+    varying = Scripted(answer=lambda a, p: f"I'm here to help you {verbs[len(p) % 4]} what matters to you.", label=lambda p, r: "positive")
+    for opening, rate in ((6, 0.0), (4, 1.0)):
+        _, phases = _session(varying, grpo={"prompts_per_step": 8}, data={"benign_share": 0.5},
+                             rewards={"generic_penalty": 1.5, "generic_opening": opening})
+        assert phases.blue_step(1, 1).metrics["generic_rate"] == rate, opening
     refusal = "I'm sorry, but I can't help with that request at all."  # one refusal for everything is judged as a refusal
     _, phases = _session(Scripted(answer=lambda a, p: refusal, label=lambda p, r: "rejective"), grpo={"prompts_per_step": 8},
                          rewards={"generic_penalty": 1.5})

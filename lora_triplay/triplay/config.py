@@ -134,6 +134,12 @@ class RewardsConfig(_Strict):
         "the same opening, and no refusal, in its answers to at least 4 of the step's distinct prompts: one stock reply "
         "that a small judge may take for a safe or a helpful answer)"
     )
+    generic_opening: int = Field(
+        4, ge=2, description="how many opening words two answers share to count as one reply for generic_penalty "
+        "(judging/generic.py). At 6, seed 0's blue of 2026-12-02 escaped the penalty by varying the sixth word "
+        "('I'm here to help you protect / create / understand ...'); the untrained base shares no 4-word opening "
+        "between four of its held-out answers"
+    )
 
     @field_validator("blue_judge")
     @classmethod

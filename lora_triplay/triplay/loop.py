@@ -336,7 +336,8 @@ class Phases:
         seen = [judged_prompt(self.judge_view, p[0], p[1]) for _, p, _ in flat]
         labels, soft, bad = self.judge_blue([(x, c.text, p[2]) for x, (_, p, c) in zip(seen, flat)])
         looping = [degenerate(c.text) for _, _, c in flat]
-        stock = generic_answers([c.text for _, _, c in flat], [p[1] for _, p, _ in flat])  # one reply to many prompts
+        stock = generic_answers([c.text for _, _, c in flat], [p[1] for _, p, _ in flat],  # one reply to many prompts
+                                opening=r.rewards.generic_opening)
         cost = [r.rewards.degenerate_penalty if loop else r.rewards.generic_penalty if same else 0.0
                 for loop, same in zip(looping, stock)]
         samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
