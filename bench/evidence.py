@@ -54,7 +54,13 @@ ABLATIONS = {  # each at main-s0's seed and budget
     "no-div": ["seed=0", "rewards.w_bleu=0", "rewards.w_cos=0"],
     "no-benign": ["seed=0", "data.benign_share=0"],
 }
-RUNS = {**MAIN, **ABLATIONS}
+# The main run with one training setting changed, kept beside it in the report
+VARIANTS = {
+    # a stock reply counted at four opening words (rewards.generic_opening's default since 2026-12-02),
+    # not the recipe's six: at six, seed 0's blue kept its reply and varied the sixth word
+    "generic-4": ["seed=0", "rewards.generic_opening=4"],
+}
+RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue"}  # what each ablation is about
 MAX_NEW = 40
 
@@ -199,6 +205,14 @@ def record_time(path: Path, name: str, seconds: float) -> None:
     tmp.replace(path)
 
 
+def did_work(rules: Path) -> bool:
+    """Whether an evaluation generated or judged anything: one that reused
+    every answer and verdict from its items file (a re-count after a change
+    to a measure) took seconds, not the evaluation's time."""
+    work = json.loads(rules.read_text()).get("work", {})
+    return bool(work.get("generated", 0) or work.get("judged", 0))
+
+
 def _done(run: Path) -> bool:
     state = run / "state.json"
     return state.is_file() and json.loads(state.read_text()).get("done", False)
@@ -239,9 +253,12 @@ def evaluate(work: Path, names: list[str], jobs: int) -> None:
             procs.remove(item)
             if proc.returncode != 0:
                 raise SystemExit(f"eval {name} failed ({proc.returncode}); see {work / f'eval-{name}.log'}")
-            times[name] = time.time() - t0
-            record_time(times_file, name, times[name])
-            log(f"eval {name}: done in {times[name] / 60:.1f} min")
+            seconds = time.time() - t0
+            if did_work(work / "eval" / name / "rules.json"):
+                record_time(times_file, name, seconds)
+            else:  # every answer and verdict reused from the items file (a re-count): not the evaluation's time
+                log(f"eval {name}: every answer reused; its recorded time stays {times.get(name, 0) / 60:.1f} min")
+            log(f"eval {name}: done in {seconds / 60:.1f} min")
 
 
 def main() -> None:

@@ -143,7 +143,8 @@ def figure(results: dict, path: Path) -> None:
               ("blue_generic_max", "blue generic non-answers (worst set)")]
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     axes.flat[-1].axis("off")
-    styles = {"main-s0": ("C0", "-"), "main-s1": ("C1", "-"), "fixed-judge": ("C3", "--"), "no-div": ("C2", "--"), "no-benign": ("C4", "--")}
+    styles = {"main-s0": ("C0", "-"), "main-s1": ("C1", "-"), "fixed-judge": ("C3", "--"), "no-div": ("C2", "--"), "no-benign": ("C4", "--"),
+              "generic-4": ("C5", "-")}
     for ax, (key, title) in zip(axes.flat, panels):
         for name, res in results.items():
             xs = [int(i) for i in sorted(res["iterations"], key=int) if res["iterations"][i].get(key) is not None]

@@ -150,3 +150,16 @@ def test_evidence_report_times_the_gold_checks_apart(tmp_path, monkeypatch):
     assert gold_check_minutes(tmp_path) == 2.0
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"phase": "eval_gold"}) + "\n")  # an older run: not timed
     assert gold_check_minutes(tmp_path) is None
+
+
+def test_evidence_keeps_the_time_of_an_evaluation_that_did_the_work(tmp_path, monkeypatch):
+    """bench/evidence.py: a re-count on cached answers must not overwrite the
+    evaluation's recorded time (it did on 2026-12-02: 20 s over 1,000 s)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from evidence import did_work
+
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"work": {"generated": 0, "judged": 0, "reused": 2264}}))
+    assert not did_work(rules)
+    rules.write_text(json.dumps({"work": {"generated": 3, "judged": 0, "reused": 2261}}))
+    assert did_work(rules)
