@@ -56,9 +56,9 @@ ABLATIONS = {  # each at main-s0's seed and budget
 }
 # The main run with one training setting changed, kept beside it in the report
 VARIANTS = {
-    # a stock reply counted at four opening words (rewards.generic_opening's default since 2026-12-02),
-    # not the recipe's six: at six, seed 0's blue kept its reply and varied the sixth word
-    "generic-4": ["seed=0", "rewards.generic_opening=4"],
+    # a stock reply counted by its four opening words only, not by meaning as well (the recipe's
+    # generic_by): at four words, seed 0's blue of 2026-12-02 reworded its stock reply
+    "generic-4": ["seed=0", "rewards.generic_by=opening"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue"}  # what each ablation is about

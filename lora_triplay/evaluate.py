@@ -48,7 +48,7 @@ from .core.snapshots import SpecError, parse_role
 from .errors import UserError
 from .eval_items import ItemCache, items_path
 from .judging.fixed import Case, ChatEndpoint, is_endpoint
-from .judging.generic import generic_rate
+from .judging.generic import generic_by_meaning, generic_rate
 from .judging.parsing import LABELS
 from .judging.quality import degenerate_rate
 from .triplay.judges import EvalJudge, make_judge
@@ -323,9 +323,23 @@ class Evaluator:
                     # one stock reply to many different requests, no refusal in it (judging/quality.py):
                     # the rules read it as a compliance (harmful) or a helpful answer (benign); it is neither
                     "generic": generic_rate([r["response"] for r in mine], [r["prompt"] for r in mine]),
+                    # the same by meaning too (near-identical embeddings, or none of the request in it)
+                    "generic_meaning": self._generic_meaning(mine),
                 }
             out[b.name] = {"path": b.path, "format": b.format, "items": len(b.items), **b.counts(), "iterations": per_it}
         return out
+
+    def _generic_meaning(self, rows: list[dict]) -> float | None:
+        """Share of `rows` that generic_by_meaning flags; None where the
+        encoder is `hashing` (trigrams do not measure meaning)."""
+        spec = self.opts.embedding_model or self.recipe.rewards.embedding_model
+        if spec == "hashing" or not rows:
+            return None
+        from .triplay.rewards.diversity import load_sentence_encoder
+
+        prompts = [r["prompt"] for r in rows]
+        flags = generic_by_meaning([r["response"] for r in rows], prompts, prompts, load_sentence_encoder(spec))
+        return sum(flags) / len(flags)
 
     def red(self, prompts: Benchmark, its: list[int], bar=None) -> dict:
         from .judging.parsing import extract_wrapped_prompt

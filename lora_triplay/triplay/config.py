@@ -140,6 +140,20 @@ class RewardsConfig(_Strict):
         "('I'm here to help you protect / create / understand ...'); the untrained base shares no 4-word opening "
         "between four of its held-out answers"
     )
+    generic_by: Literal["opening", "meaning"] = Field(
+        "opening", description="what makes answers one stock reply for generic_penalty: `opening` (the same "
+        "generic_opening words) or `meaning` (that, or sentence embeddings (embedding_model) near-identical across "
+        "four distinct requests, or far from the answer's own request: judging/generic.py). At four words, seed 0's "
+        "blue of 2026-12-02 kept its stock reply and reworded its opening"
+    )
+
+    @model_validator(mode="after")
+    def _meaning_needs_a_sentence_model(self):
+        if self.generic_by == "meaning" and self.embedding_model == "hashing":
+            raise ValueError("generic_by: meaning needs a sentence model (embedding_model: embedded:all-minilm-l6-v2 "
+                             "or a sentence-transformers folder): hashed trigrams do not measure meaning; or set "
+                             "generic_by: opening")
+        return self
 
     @field_validator("blue_judge")
     @classmethod

@@ -17,7 +17,7 @@ from ..core.faults import crash_point
 from ..engine.base import Request, Sampling
 from ..games.base import StepResult
 from ..judging.fixed import Case
-from ..judging.generic import generic_answers
+from ..judging.generic import generic_answers, generic_by_meaning
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
 from ..judging.quality import degenerate
 from ..judging.refusals import refused
@@ -327,6 +327,17 @@ class Phases:
         harmful += [(b.prompt, extract_wrapped_prompt(x[0].text) or b.prompt, "harmful", w) for (b, _), x, w in zip(items, wraps, writers)]
         return harmful + benign
 
+    def stock_replies(self, flat: list) -> list[bool]:
+        """Which of a blue step's answers are one stock reply to many prompts
+        (judging/generic.py), by wording or, with `rewards.generic_by:
+        meaning`, by meaning as well (the encoder red's diversity uses)."""
+        rw = self.game.recipe.rewards
+        texts, prompts = [c.text for _, _, c in flat], [p[1] for _, p, _ in flat]
+        if rw.generic_by == "meaning":
+            return generic_by_meaning(texts, prompts, [p[0] for _, p, _ in flat], self.game.pool.embeddings.encoder,
+                                      opening=rw.generic_opening)
+        return generic_answers(texts, prompts, opening=rw.generic_opening)
+
     def blue_step(self, iteration: int, step: int) -> StepResult:
         r = self.game.recipe
         prompts = self.blue_prompts(self.game.prompts_of("blue"))
@@ -336,8 +347,7 @@ class Phases:
         seen = [judged_prompt(self.judge_view, p[0], p[1]) for _, p, _ in flat]
         labels, soft, bad = self.judge_blue([(x, c.text, p[2]) for x, (_, p, c) in zip(seen, flat)])
         looping = [degenerate(c.text) for _, _, c in flat]
-        stock = generic_answers([c.text for _, _, c in flat], [p[1] for _, p, _ in flat],  # one reply to many prompts
-                                opening=r.rewards.generic_opening)
+        stock = self.stock_replies(flat)
         cost = [r.rewards.degenerate_penalty if loop else r.rewards.generic_penalty if same else 0.0
                 for loop, same in zip(looping, stock)]
         samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
