@@ -126,8 +126,9 @@ def main() -> None:
     encoder = load_sentence_encoder("embedded:all-minilm-l6-v2")
     t0 = time.time()
     result: dict = {"date": time.strftime("%Y-%m-%d"), "thresholds": list(THRESHOLDS), "base": {}, "stock": {}}
+    answered = {}
     for name, prompts in sets.items():
-        answers = base_answers(prompts)
+        answers = answered[name] = base_answers(prompts)
         result["base"][name] = rates(answers, prompts, encoder)
         print(f"base {name:13s} {result['base'][name]}", flush=True)
         result["base"][name]["answers"] = len(answers)
@@ -140,6 +141,21 @@ def main() -> None:
     replies = [REWORDED[k % len(REWORDED)] for k in range(len(sets["jbb-harmful"]))]
     result["stock"]["reworded"] = rates(replies, sets["jbb-harmful"], encoder)
     print(f"stock {'reworded':15s} {result['stock']['reworded']}", flush=True)
+    # what the check adds to a blue step: 64 answers (8 prompts x 8) of ~40 tokens, one thread
+    import torch
+
+    torch.set_num_threads(1)
+    from lora_triplay.judging.generic import generic_by_meaning
+
+    texts = (answered["jbb-harmful"] + answered["jbb-benign"])[:64]
+    asked = (sets["jbb-harmful"] + sets["jbb-benign"])[:64]
+    times = []
+    for _ in range(3):
+        t1 = time.perf_counter()
+        generic_by_meaning(texts, asked, asked, encoder)
+        times.append(time.perf_counter() - t1)
+    result["seconds_per_64_answers"] = round(sorted(times)[1], 3)
+    print(f"generic_by_meaning on 64 answers: {result['seconds_per_64_answers']} s (median of 3, one thread)")
     result["seconds"] = round(time.time() - t0, 1)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {args.out}")

@@ -97,3 +97,5 @@ def test_generic_by_meaning_with_minilm_catches_a_reworded_offer_not_real_answer
                "Vaccines show the immune system a harmless piece of a germ so it learns to make antibodies against it.",
                "The capital of Australia is Canberra."]
     assert not any(generic_by_meaning(answers, requests, requests, enc))
+    with pytest.raises(ValueError, match="5 answers, 4 requests"):
+        generic_by_meaning(answers, requests[:4], requests, enc)

@@ -93,6 +93,8 @@ def generic_by_meaning(texts: Sequence[str], requests: Sequence[str], basics: Se
     encoder: list of texts -> array) embeds the answers and their basic
     requests (`basics[i]`, what answer i was asked underneath any wrapping;
     `requests[i]` tells distinct requests apart)."""
+    if not len(texts) == len(requests) == len(basics):
+        raise ValueError(f"generic_by_meaning: {len(texts)} answers, {len(requests)} requests, {len(basics)} basic requests")
     if not texts:
         return []
     unit = _unit(encoder(list(texts)))
