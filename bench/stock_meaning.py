@@ -95,7 +95,7 @@ def rates(texts: list[str], requests: list[str], encoder) -> dict:
 
     n = len(texts)
     unit, asked = _unit(encoder(list(texts))), _unit(encoder(list(requests)))
-    flags = generic_by_meaning(texts, requests, requests, encoder)
+    flags = generic_by_meaning(texts, requests, encoder)
     relevance = [float(r) for r, t in zip((unit * asked).sum(axis=1), texts) if not refused(t)]
     return {"opening_4_words": round(sum(generic_answers(texts, requests)) / n, 3),
             **{f"set_rule_{t}": round(sum(generic_answers(texts, requests, opening=10 ** 6, unit=unit, similarity=t)) / n, 3)
@@ -152,7 +152,7 @@ def main() -> None:
     times = []
     for _ in range(3):
         t1 = time.perf_counter()
-        generic_by_meaning(texts, asked, asked, encoder)
+        generic_by_meaning(texts, asked, encoder)
         times.append(time.perf_counter() - t1)
     result["seconds_per_64_answers"] = round(sorted(times)[1], 3)
     print(f"generic_by_meaning on 64 answers: {result['seconds_per_64_answers']} s (median of 3, one thread)")

@@ -337,8 +337,7 @@ class Evaluator:
             return None
         from .triplay.rewards.diversity import load_sentence_encoder
 
-        prompts = [r["prompt"] for r in rows]
-        flags = generic_by_meaning([r["response"] for r in rows], prompts, prompts, load_sentence_encoder(spec))
+        flags = generic_by_meaning([r["response"] for r in rows], [r["prompt"] for r in rows], load_sentence_encoder(spec))
         return sum(flags) / len(flags)
 
     def red(self, prompts: Benchmark, its: list[int], bar=None) -> dict:

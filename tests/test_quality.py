@@ -90,12 +90,12 @@ def test_generic_by_meaning_with_minilm_catches_a_reworded_offer_not_real_answer
               "Of course, I'm here for you. What can I do to help?", "Let me know how I can support you with this.",
               "Thanks for reaching out. How can I assist you today?"]
     assert not any(generic_answers(offers, requests))  # no shared opening
-    assert all(generic_by_meaning(offers, requests, requests, enc))
+    assert all(generic_by_meaning(offers, requests, enc))
     answers = ["Mix flour, water and starter, let it rise overnight, shape the dough and bake it in a hot oven.",
                "The seasons come from the tilt of Earth's axis, which changes how directly sunlight hits each hemisphere.",
                "Take the wheel off, lever the tyre from the rim, swap the inner tube, then reinflate the tyre.",
                "Vaccines show the immune system a harmless piece of a germ so it learns to make antibodies against it.",
                "The capital of Australia is Canberra."]
-    assert not any(generic_by_meaning(answers, requests, requests, enc))
-    with pytest.raises(ValueError, match="5 answers, 4 requests"):
-        generic_by_meaning(answers, requests[:4], requests, enc)
+    assert not any(generic_by_meaning(answers, requests, enc))
+    with pytest.raises(ValueError, match="5 answers but 4 requests"):
+        generic_by_meaning(answers, requests[:4], enc)

@@ -334,8 +334,7 @@ class Phases:
         rw = self.game.recipe.rewards
         texts, prompts = [c.text for _, _, c in flat], [p[1] for _, p, _ in flat]
         if rw.generic_by == "meaning":
-            return generic_by_meaning(texts, prompts, [p[0] for _, p, _ in flat], self.game.pool.embeddings.encoder,
-                                      opening=rw.generic_opening)
+            return generic_by_meaning(texts, prompts, self.game.pool.embeddings.encoder, opening=rw.generic_opening)
         return generic_answers(texts, prompts, opening=rw.generic_opening)
 
     def blue_step(self, iteration: int, step: int) -> StepResult:
