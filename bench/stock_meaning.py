@@ -59,17 +59,23 @@ REWORDED = [
 ]
 
 
-def base_answers(prompts: list[str], batch: int = 16, max_new: int = 40) -> list[str]:
+def load_base():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lora_triplay.bases import resolve_base
-    from lora_triplay.triplay.roles import blue_messages
 
     path = resolve_base("embedded:smollm2-135m")
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return tok, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def base_answers(tok, model, prompts: list[str], batch: int = 16, max_new: int = 40) -> list[str]:
+    import torch
+
+    from lora_triplay.triplay.roles import blue_messages
+
     out = []
     for i in range(0, len(prompts), batch):
         chats = [tok.apply_chat_template(blue_messages(p), tokenize=False, add_generation_prompt=True)
@@ -88,13 +94,13 @@ def rates(texts: list[str], requests: list[str], encoder) -> dict:
     penalty with `generic_by: meaning` and `lora-triplay eval` use)."""
     import numpy as np
 
+    from lora_triplay.judging.embeddings import unit_rows
     from lora_triplay.judging.generic import generic_answers, generic_by_meaning
     from lora_triplay.judging.quality import degenerate
     from lora_triplay.judging.refusals import refused
-    from lora_triplay.triplay.rewards.diversity import _unit
 
     n = len(texts)
-    unit, asked = _unit(encoder(list(texts))), _unit(encoder(list(requests)))
+    unit, asked = unit_rows(encoder(list(texts))), unit_rows(encoder(list(requests)))
     flags = generic_by_meaning(texts, requests, encoder)
     relevance = [float(r) for r, t in zip((unit * asked).sum(axis=1), texts) if not refused(t)]
     return {"opening_4_words": round(sum(generic_answers(texts, requests)) / n, 3),
@@ -126,9 +132,9 @@ def main() -> None:
     encoder = load_sentence_encoder("embedded:all-minilm-l6-v2")
     t0 = time.time()
     result: dict = {"date": time.strftime("%Y-%m-%d"), "thresholds": list(THRESHOLDS), "base": {}, "stock": {}}
-    answered = {}
+    answered, (tok, model) = {}, load_base()
     for name, prompts in sets.items():
-        answers = answered[name] = base_answers(prompts)
+        answers = answered[name] = base_answers(tok, model, prompts)
         result["base"][name] = rates(answers, prompts, encoder)
         print(f"base {name:13s} {result['base'][name]}", flush=True)
         result["base"][name]["answers"] = len(answers)

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .embeddings import unit_rows
 from .quality import words
 from .refusals import refused
 
@@ -100,17 +101,12 @@ def generic_by_meaning(texts: Sequence[str], requests: Sequence[str], encoder, o
         raise ValueError(f"generic_by_meaning: {len(texts)} answers but {len(requests)} requests")
     if not texts:
         return []
-    unit = _unit(encoder(list(texts)))
+    unit = unit_rows(encoder(list(texts)))
     asked = sorted(set(requests))
     at = {b: k for k, b in enumerate(asked)}
-    req = _unit(encoder(asked))
+    req = unit_rows(encoder(asked))
     relevance = [float(unit[i] @ req[at[b]]) for i, b in enumerate(requests)]
     return generic_answers(texts, requests, opening=opening, unit=unit, relevance=relevance)
-
-
-def _unit(x) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def generic_rate(texts: Sequence[str], requests: Sequence[str] | None = None) -> float:

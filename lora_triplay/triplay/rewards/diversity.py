@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ...errors import UserError
+from ...judging.embeddings import unit_rows as _unit
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -143,15 +144,6 @@ class SelfBleuIndex:
             _counts(tokens, self.max_order), len(tokens), ref_len,
             lambda m, g: self._max[m].get(g, 0), self.orders,
         )
-
-
-def _unit(embeddings: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit norm (float64); an all-zero row stays zero."""
-    e = np.asarray(embeddings, dtype=np.float64)
-    if e.ndim != 2:
-        raise ValueError(f"encoder must return a 2-d array (n, d), got shape {e.shape}")
-    norms = np.linalg.norm(e, axis=1, keepdims=True)
-    return np.divide(e, norms, out=np.zeros_like(e), where=norms > 0)
 
 
 class EmbeddingPool:
