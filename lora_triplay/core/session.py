@@ -361,7 +361,8 @@ class Session:
         row["step_seconds"] = round(time.perf_counter() - t0, 3)
         counts = st["counts"]
         for name, rows in result.jsonl_rows().items():
-            counts[name] += self.store.append_jsonl(name, rows)
+            # .get: a run folder from before a game added a file has no count for it
+            counts[name] = counts.get(name, 0) + self.store.append_jsonl(name, rows)
         row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row, *decisions])
         self.trackers.log(row)

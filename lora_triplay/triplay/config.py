@@ -70,11 +70,31 @@ class WarmupConfig(_Strict):
     )
 
 
+class BlueWarmupConfig(_Strict):
+    """Blue's warm start (blue_warmup.py): before iteration 1's P_red the
+    untrained blue answers `prompts` requests, harmful ones under the `guide`
+    style (refuse, then a safe alternative) and benign ones under its own
+    system prompt, `candidates` answers each; the rule expert keeps one it
+    calls `positive` per request, and blue learns the kept answers by
+    cross-entropy under its own system prompt (context distillation), so
+    that its GRPO groups hold refusals for a judge to pay."""
+
+    steps: int = Field(0, ge=0, description="cross-entropy steps (0: no warm start)")
+    prompts: int = Field(64, ge=2, description="requests answered, harmful and benign as data.benign_share splits them")
+    candidates: int = Field(2, ge=1, le=16, description="answers sampled per request; the first the rule expert keeps is learnt")
+    prompts_per_step: int = Field(8, ge=1, description="kept answers per step")
+    harmful_share: float = Field(0.5, ge=0, le=1, description="of each step's kept answers, the share of refusals to harmful "
+                                 "requests (the rest helpful answers to benign ones), where both kinds were kept")
+    temperature: float = Field(0.7, gt=0, description="sampling temperature of the candidates")
+    lr: float | None = Field(None, gt=0, description="the warm start's rate (default phases.blue.lr, else grpo.lr)")
+
+
 class PhasesConfig(_Strict):
     red: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=200))
     blue: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
     eval: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
     eval_warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    blue_warmup: BlueWarmupConfig = Field(default_factory=BlueWarmupConfig)
 
 
 
@@ -360,8 +380,8 @@ class TriPlaySections(_Strict):
 # the loop ask; these are its implementations.
 
 def phases_of(recipe, iteration: int) -> list[str]:
-    """The phases of one iteration, in order: eval's warm start opens the run."""
-    first = ["eval_warmup"] if iteration == 1 and recipe.phases.eval_warmup.steps else []
+    """The phases of one iteration, in order: eval's and blue's warm starts open the run."""
+    first = [w for w in ("eval_warmup", "blue_warmup") if iteration == 1 and getattr(recipe.phases, w).steps]
     return first + list(ROLE_NAMES)
 
 

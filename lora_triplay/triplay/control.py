@@ -48,7 +48,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 def phase_steps(recipe, phase: str) -> int:
     """A phase's steps as the recipe sets them (the warm start's are its own)."""
-    return recipe.phases.eval_warmup.steps if phase == "eval_warmup" else getattr(recipe.phases, phase).steps
+    return getattr(recipe.phases, phase).steps
 
 
 class PhaseControl:

@@ -23,19 +23,20 @@ from .roles import ROLE_ADAPTERS
 from .rundata import RunData
 
 log = logging.getLogger(__name__)
-PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval"}  # whose adapter a phase trains
+PHASE_ROLE = {"red": "red", "blue": "blue", "eval": "eval", "eval_warmup": "eval", "blue_warmup": "blue"}  # whose adapter a phase trains
 
 
 class TriPlay(Game):
     name = "triplay"
     roles = dict(ROLE_ADAPTERS)
     Sections = TriPlaySections
-    jsonl = ("asp", "eval_pairs", "panel", "transcripts")
+    jsonl = ("asp", "eval_pairs", "panel", "transcripts", "blue_sft")
     headline = {
         "red": ("reward_mean", "asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "entropy"),
         "blue": ("reward_mean", "rate_negative", "rate_rejective", "rate_positive", "benign_refusal_rate", "kl"),
         "eval": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement", "kl"),
         "eval_warmup": ("reward_mean", "accuracy", "labelled_pairs", "panel_agreement"),
+        "blue_warmup": ("ce_loss", "kept_answers", "harmful_kept_share", "benign_kept_share"),
     }
 
     # ---------------------------------------------------------- structure
@@ -49,14 +50,14 @@ class TriPlay(Game):
         return self.control.steps(iteration, phase)
 
     def snapshot_after(self, phase: str) -> bool:
-        return phase in ROLE_NAMES  # the warm start is part of iteration 1, not a snapshot of its own
+        return phase in ROLE_NAMES  # the warm starts are part of iteration 1, not snapshots of their own
 
     def lr_of(self, role: str) -> float:
         return config.role_lr(self.recipe, role)
 
     def phase_lr(self, phase: str) -> float:
-        if phase == "eval_warmup" and self.recipe.phases.eval_warmup.lr:
-            return self.recipe.phases.eval_warmup.lr
+        if phase in ("eval_warmup", "blue_warmup") and getattr(self.recipe.phases, phase).lr:
+            return getattr(self.recipe.phases, phase).lr
         return self.lr_of(self.role_of(phase))
 
     def max_new_tokens_of(self, role: str) -> int:

@@ -1,5 +1,5 @@
 """One TriPlay iteration, top-down: P_red, then P_blue, then P_eval (and,
-once, eval's warm start before the first P_red).
+once, eval's and blue's warm starts before the first P_red).
 
 Each phase runs GRPO steps on one role's adapter. A step asks the engine for
 the role's rollouts, scores them (the reward may itself ask the engine for
@@ -23,6 +23,7 @@ from ..judging.quality import degenerate
 from ..judging.refusals import refused
 from ..training.grpo import Sample, assign_advantages
 from .config import DefenderConfig
+from .blue_warmup import BlueWarmup
 from .eval_steps import EvalSteps
 from .league import assign_writers, league_defenders, tally
 from .results import mean, rates, reward_stats, step_result
@@ -90,6 +91,7 @@ class Phases:
         self.choice = r.rewards.judge_mode == "choice"
         self.judge_view = r.rewards.judge_prompt
         self.evals = EvalSteps(self)
+        self.blue_warmup = BlueWarmup(self)
 
     # --------------------------------------------------------------- judge
     def judge(self, pairs: list[tuple[str, str]]) -> tuple[list[str | None], list, int]:
@@ -420,7 +422,8 @@ class Phases:
     def run_step(self, phase: str, iteration: int, step: int) -> StepResult:
         t0 = time.perf_counter()
         self.timings = {}
-        steps = {"red": self.red_step, "blue": self.blue_step, "eval": self.eval_step, "eval_warmup": self.warmup_step}
+        steps = {"red": self.red_step, "blue": self.blue_step, "eval": self.eval_step, "eval_warmup": self.warmup_step,
+                 "blue_warmup": self.blue_warmup.step}
         result = steps[phase](iteration, step)
         result.metrics["rollout_seconds"] = time.perf_counter() - t0
         result.metrics.update({f"seconds_{k}": v for k, v in self.timings.items()})

@@ -1,0 +1,143 @@
+"""Blue's warm start (triplay/blue_warmup.py): which of the untrained blue's
+answers it keeps, how it cuts a refusal, how it draws its batches, that the
+examples are prompted with blue's own system prompt, and that the update
+lowers blue's loss on them and moves blue's adapter alone (the tiny Qwen3)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_method_fixes import Scripted, _session
+
+from lora_triplay.core.store import RunStore
+from lora_triplay.model import activate, adapter_parameters
+from lora_triplay.recipe import GrpoConfig, build_recipe
+from lora_triplay.training.grpo import GrpoLearner
+from lora_triplay.triplay.blue_warmup import batch_of, first_sentence, keep
+from lora_triplay.triplay.config import phases_of
+from lora_triplay.triplay.roles import blue_messages, styled_blue_messages, warmup_opening
+
+GUIDE = warmup_opening("guide")  # "I can't help with that. Instead, you could"
+
+
+@pytest.mark.parametrize("rest, cut", [
+    (" try a different approach.  The script could be: first, call them", " try a different approach."),
+    (" contact a support line!\nMore text", " contact a support line!"),
+    (" read about it\nand then", " read about it"),
+    (" check with the official site, where you can", ""),  # cut by the budget mid-sentence: nothing to keep
+    (" go.", ""),  # too short to be an alternative
+])
+def test_a_refusal_is_kept_up_to_its_first_sentence(rest, cut):
+    assert first_sentence(rest) == cut
+
+
+@pytest.mark.parametrize("answer, kind, kept", [
+    (GUIDE + " talk to a counselor or a trusted support line.", "harmful", True),
+    ("I'm sorry, but I can't help with that.", "harmful", False),  # a bare refusal: rejective, not what blue is taught
+    ("Sure, here is how you do it: first, gather what you need.", "harmful", False),
+    ("Keep bandages, antiseptic wipes, gloves, tweezers and a list of emergency numbers in the kit.", "benign", True),
+    (GUIDE + " talk to a counselor or a trusted support line.", "benign", False),  # over-refusal is never taught
+    ("the kit the kit the kit the kit the kit the kit the kit the kit the kit the kit", "benign", False),  # a loop
+])
+def test_only_answers_the_rule_expert_calls_positive_and_that_do_not_loop_are_kept(answer, kind, kept):
+    assert keep(answer, kind) is kept
+
+
+def _rows(harmful: int, benign: int) -> list[dict]:
+    return [{"kind": "harmful", "i": i} for i in range(harmful)] + [{"kind": "benign", "i": i} for i in range(benign)]
+
+
+def test_batches_are_half_harmful_half_benign_and_read_every_answer_before_any_twice():
+    kept = _rows(6, 10)
+    steps = [batch_of(kept, 4, seed=0, step=s) for s in range(1, 4)]
+    assert all([x["kind"] for x in b].count("harmful") == 2 for b in steps)
+    harmful = [x["i"] for b in steps for x in b if x["kind"] == "harmful"]
+    assert sorted(harmful[:6]) == list(range(6))  # the first epoch: each once
+    benign = [x["i"] for b in steps for x in b if x["kind"] == "benign"]
+    assert len(set(benign)) == 6  # 10 benign answers: no repeat within the first 6
+    assert batch_of(kept, 4, 0, 2) == steps[1]  # a resumed run draws the same batch
+    assert batch_of(kept, 4, 1, 2) != steps[1]  # another seed, another order
+    assert all(x["kind"] == "benign" for x in batch_of(_rows(0, 3), 5, 0, 1))  # one kind: all of it
+    assert [x["kind"] for x in batch_of(kept, 8, 0, 1, harmful_share=0.25)].count("harmful") == 2
+    assert all(x["kind"] == "harmful" for x in batch_of(_rows(3, 0), 4, 0, 1, harmful_share=0.25))  # no benign kept
+
+
+class Tokenizing(Scripted):
+    """The scripted engine (tests/test_method_fixes.py) with a real
+    tokenizer: blue's styled refusals go on past their first sentence, its
+    answers to benign requests help."""
+
+    def __init__(self, tokenizer):
+        def answer(adapter, user):
+            return " talk to a counselor you trust. Then, step one of the plan is" if "wrapped" in user or "harmful" in user \
+                else "Here is a safe and useful answer with enough words to count as help."
+
+        super().__init__(answer=answer)
+        self.tokenizer = tokenizer
+
+    def encode(self, messages):
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    def choice_ids(self, text):
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
+
+
+def _warm_session(tokenizer, tmp_path):
+    engine = Tokenizing(tokenizer)
+    s, phases = _session(engine, data={"benign_share": 0.5, "raw_share": 0.5},
+                         phases={"blue_warmup": {"steps": 3, "prompts": 8, "prompts_per_step": 4}})
+    s.session.store = RunStore(tmp_path).create()
+    for b in s.data.basic:  # so the script can tell a harmful request asked as written from a benign one
+        object.__setattr__(b, "prompt", b.prompt + " (harmful)")
+    return engine, s, phases
+
+
+def test_the_warm_start_keeps_guided_refusals_cut_short_and_helpful_answers(role_model, tmp_path):
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path)
+    assert phases_of(s.recipe, 1)[:1] == ["blue_warmup"] and "blue_warmup" not in phases_of(s.recipe, 2)
+    result = phases.blue_warmup.step(1, 1)
+    kept = result.rows["blue_sft"]
+    assert [x["kind"] for x in kept].count("harmful") == 4 and [x["kind"] for x in kept].count("benign") == 4
+    harmful = [x for x in kept if x["kind"] == "harmful"]
+    assert {x["response"] for x in harmful} == {GUIDE + " talk to a counselor you trust."}  # the plan after it is gone
+    assert sum("wrapped" in x["asked"] for x in harmful) == 2  # raw_share: half as written, half as red wrapped them
+    assert all(x["completion_ids"][-1] == tok.eos_token_id for x in harmful)
+    # answered under the guide style with its opening forced, benign requests under blue's own prompt ...
+    styled = [r for r in engine.requests if r.adapter == "blue"]
+    assert {(r.prefix, r.messages[0]["content"]) for r in styled} == {
+        (GUIDE, styled_blue_messages("x", "guide")[0]["content"]), ("", blue_messages("x")[0]["content"])}
+    # ... and learnt under blue's own prompt, as if blue had answered so unasked
+    assert [e.prompt_ids for e in result.examples] == [engine.encode(blue_messages(x["asked"])) for x in batch_of(kept, 4, s.recipe.seed, 1)]
+    assert result.metrics["harmful_kept_share"] == result.metrics["benign_kept_share"] == 1.0
+    s.session.store.append_jsonl("blue_sft", kept)
+    later = phases.blue_warmup.step(1, 2)  # later steps (and a resumed run) read the kept answers back
+    assert not later.rows["blue_sft"] and len(later.examples) == 4 and later.metrics["kept_answers"] == 8.0
+    assert len([r for r in engine.requests if r.adapter == "blue"]) == len(styled)  # nothing generated again
+
+
+def test_nothing_kept_is_a_step_that_learns_nothing(role_model, tmp_path, caplog):
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path)
+    engine.answer = lambda adapter, user: "no"  # nothing a rule expert calls positive
+    result = phases.blue_warmup.step(1, 1)
+    assert result.metrics["kept_answers"] == 0.0 and not result.examples and not result.samples
+    assert "kept none" in caplog.text
+
+
+def test_the_warm_start_update_lowers_blue_loss_and_moves_blue_alone(role_model, tmp_path):
+    model, tok = role_model
+    _, _, phases = _warm_session(tok, tmp_path)
+    examples = phases.blue_warmup.step(1, 1).examples
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    learner = GrpoLearner(model, activate(model, "blue"), GrpoConfig(beta=0.0), lr=2e-2, pad_id=tok.pad_token_id)
+    losses = [learner.step([], examples).extra["ce_loss"] for _ in range(4)]
+    assert losses[-1] < losses[0] - 0.1, losses
+    mine = set(adapter_parameters(model, "blue"))
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) != (name in mine), name
+
+
+def test_the_recipe_orders_the_warm_starts():
+    r = build_recipe({"phases": {"eval_warmup": {"steps": 2}, "blue_warmup": {"steps": 3}}})
+    assert phases_of(r, 1) == ["eval_warmup", "blue_warmup", "red", "blue", "eval"]
+    assert phases_of(build_recipe({}), 1) == ["red", "blue", "eval"]  # off by default
