@@ -22,8 +22,8 @@ from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, par
 from ..judging.quality import degenerate
 from ..judging.refusals import refused
 from ..training.grpo import Sample, assign_advantages
-from .config import DefenderConfig
 from .blue_warmup import BlueWarmup
+from .config import DefenderConfig
 from .eval_steps import EvalSteps
 from .league import assign_writers, league_defenders, tally
 from .results import mean, rates, reward_stats, step_result
