@@ -59,9 +59,12 @@ VARIANTS = {
     # a stock reply counted by its four opening words only, not by meaning as well (the recipe's
     # generic_by): at four words, seed 0's blue of 2026-12-02 reworded its stock reply
     "generic-4": ["seed=0", "rewards.generic_by=opening"],
+    # blue after its warm start alone (phases.blue_warmup), no self-play: what the loop adds to it
+    "warm-only": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
+                  "phases.eval.steps=0"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
-ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue"}  # what each ablation is about
+ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue"}  # what each run is about
 MAX_NEW = 40
 
 

@@ -185,3 +185,20 @@ def test_evidence_generic_target_reads_the_worse_of_wording_and_meaning(monkeypa
         {"run": "main-s0", "target": reworded["target"], "from": None, "to": None, "met": True}
     old = generic_row({"blue_generic_max": 0.05})  # an evaluation from before the meaning count
     assert (old["to"], old["met"]) == (0.05, True)
+
+
+def test_every_evidence_run_is_a_valid_recipe(monkeypatch):
+    """Each of bench/evidence.py's runs (main, variants, ablations) is the
+    evidence recipe with its overrides: a typo there would surface only an
+    hour into `make evidence`."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from evidence import RECIPE, RUNS
+
+    from lora_triplay.recipe import load_recipe
+
+    for name, overrides in RUNS.items():
+        recipe = load_recipe(RECIPE, overrides)
+        assert recipe.seed in (0, 1), name
+    warm = load_recipe(RECIPE, RUNS["warm-only"])  # blue's warm start and nothing after it
+    assert warm.phases.blue_warmup.steps > 0 and warm.iterations == 1
+    assert (warm.phases.red.steps, warm.phases.blue.steps, warm.phases.eval.steps, warm.phases.eval_warmup.steps) == (0, 0, 0, 0)
