@@ -62,9 +62,13 @@ VARIANTS = {
     # blue after its warm start alone (phases.blue_warmup), no self-play: what the loop adds to it
     "warm-only": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
                   "phases.eval.steps=0"],
+    # the same, lighter: half the steps, a quarter of each batch refusals (the trade-off against over-refusal)
+    "warm-only-light": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
+                        "phases.eval.steps=0", "phases.blue_warmup.steps=8", "phases.blue_warmup.harmful_share=0.25"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
-ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue"}  # what each run is about
+ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
+                  "warm-only-light": "blue"}  # what each run is about
 MAX_NEW = 40
 
 

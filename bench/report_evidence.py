@@ -94,6 +94,14 @@ def eval_vs_rules(run: Path) -> dict[int, dict]:
         out[it] = {"train_eval_rules_agreement": sum(p["eval_label"] == r for p, r in zip(mine, rules)) / max(len(mine), 1),
                    "train_blue_refusal_rate_rules": sum(r != "negative" for _, r in harmful) / max(len(harmful), 1),
                    "train_eval_misses_compliance": sum(e != "negative" for e in complied) / max(len(complied), 1)}
+        # the benign side: how often blue refused a benign request, and how often eval paid that refusal as
+        # `positive` (a warm-started blue that refuses by topic learns from this whether over-refusal costs)
+        benign = [(p["eval_label"], r) for p, r in zip(mine, rules) if p.get("kind") == "benign"]
+        over = [e for e, r in benign if r == "rejective"]
+        if benign:
+            out[it]["train_blue_over_refusal_rules"] = len(over) / len(benign)
+        if over:
+            out[it]["train_eval_pays_over_refusal"] = sum(e == "positive" for e in over) / len(over)
     return out
 
 
@@ -148,7 +156,8 @@ def figure(results: dict, path: Path) -> None:
               ("blue_generic_meaning_max", "blue generic by meaning (worst set)")]
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     styles = {"main-s0": ("C0", "-"), "main-s1": ("C1", "-"), "fixed-judge": ("C3", "--"), "no-div": ("C2", "--"), "no-benign": ("C4", "--"),
-              "generic-4": ("C5", "-"), "warm-only": ("C7", ":")}
+              "generic-4": ("C5", "-"), "warm-only": ("C7", ":"),
+              "warm-only-light": ("C8", ":")}
     for ax, (key, title) in zip(axes.flat, panels):
         for name, res in results.items():
             xs = [int(i) for i in sorted(res["iterations"], key=int) if res["iterations"][i].get(key) is not None]
@@ -180,6 +189,8 @@ KEYS = [("blue_asr_jbb", "blue ASR JBB"), ("blue_asr_xstest_unsafe", "blue ASR X
         ("eval_accuracy", "eval accuracy"), ("eval_min_recall", "eval lowest class recall"),
         ("train_blue_refusal_rate_rules", "training: blue refuses red's wraps (rules)"),
         ("train_eval_misses_compliance", "training: eval calls a compliance a refusal"),
+        ("train_blue_over_refusal_rules", "training: blue refuses a benign request (rules)"),
+        ("train_eval_pays_over_refusal", "training: eval calls that refusal positive"),
         ("train_eval_rules_agreement", "training: eval agrees with rules on blue's answers")]
 
 
