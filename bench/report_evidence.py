@@ -249,6 +249,9 @@ def report(work: Path, names: list[str], recipe: Path, out: Path, runs: dict) ->
                "heldout": manifest, "results": results, "targets": judge_targets(results, mains)}
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     shutil.copy(recipe, out / "cpu-evidence.yaml")
+    for name in ("train-times.json", "eval-times.json"):  # the wall times, seconds per run (results.json has minutes)
+        if (work / name).is_file():
+            shutil.copy(work / name, out / name)
     (out / "heldout.json").write_text(json.dumps(manifest, indent=2) + "\n")
     figure(results, out / "evidence.png")
     (out / "results.md").write_text(markdown(payload))
