@@ -37,7 +37,8 @@ from results_io import save_results  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "cpu-evidence.yaml"
 DATA = Path(os.environ.get("LORA_TRIPLAY_DATA", ROOT.parent / "shared" / "data"))
-ABLATION = ["seed=0", "iterations=3", "phases.eval_warmup.steps=6", "phases.red.steps=3", "phases.blue.steps=4", "phases.eval.steps=2"]
+ABLATION = ["seed=0", "iterations=3", "phases.eval_warmup.steps=6", "phases.blue_warmup.steps=0", "phases.red.steps=3",
+            "phases.blue.steps=4", "phases.eval.steps=2"]
 OPTIONS = ["league.size=2", "league.weight=0.5", "league.sampling=recent", "league.attacker_share=0.5",
            "control.adaptive=true", "control.extra_steps=1", "control.drift_check=true", "control.drift_pairs=16"]
 RUNS = {"plain": ABLATION, "league+control": ABLATION + OPTIONS}

@@ -52,7 +52,8 @@ MAIN = {"main-s0": ["seed=0"], "main-s1": ["seed=1"]}
 ABLATIONS = {  # each at main-s0's seed and budget
     "fixed-judge": ["seed=0", "rewards.blue_judge=rules"],  # the baseline self-play must beat
     "no-div": ["seed=0", "rewards.w_bleu=0", "rewards.w_cos=0"],
-    "no-benign": ["seed=0", "data.benign_share=0"],
+    # no benign stream, and so no blue warm start (it learns refusals beside benign answers; alone it teaches refusing all)
+    "no-benign": ["seed=0", "data.benign_share=0", "phases.blue_warmup.steps=0"],
 }
 # The main run with one training setting changed, kept beside it in the report
 VARIANTS = {
@@ -65,10 +66,14 @@ VARIANTS = {
     # the same, lighter: half the steps, a quarter of each batch refusals (the trade-off against over-refusal)
     "warm-only-light": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
                         "phases.eval.steps=0", "phases.blue_warmup.steps=8", "phases.blue_warmup.harmful_share=0.25"],
+    # wider: every builtin benign request (112) and as many harmful ones in the warm start, a quarter of each
+    # batch refusals (does more benign coverage keep blue from refusing by topic?)
+    "warm-only-wide": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
+                       "phases.eval.steps=0", "phases.blue_warmup.prompts=224", "phases.blue_warmup.harmful_share=0.25"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
-                  "warm-only-light": "blue"}  # what each run is about
+                  "warm-only-light": "blue", "warm-only-wide": "blue"}  # what each run is about
 MAX_NEW = 40
 
 

@@ -157,7 +157,7 @@ def figure(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     styles = {"main-s0": ("C0", "-"), "main-s1": ("C1", "-"), "fixed-judge": ("C3", "--"), "no-div": ("C2", "--"), "no-benign": ("C4", "--"),
               "generic-4": ("C5", "-"), "warm-only": ("C7", ":"),
-              "warm-only-light": ("C8", ":")}
+              "warm-only-light": ("C8", ":"), "warm-only-wide": ("C9", ":")}
     for ax, (key, title) in zip(axes.flat, panels):
         for name, res in results.items():
             xs = [int(i) for i in sorted(res["iterations"], key=int) if res["iterations"][i].get(key) is not None]

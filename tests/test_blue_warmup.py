@@ -12,8 +12,9 @@ from lora_triplay.core.store import RunStore
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig, build_recipe
 from lora_triplay.training.grpo import GrpoLearner
-from lora_triplay.triplay.blue_warmup import batch_of, first_sentence, keep
+from lora_triplay.triplay.blue_warmup import batch_of, first_sentence, keep, safe_alternative
 from lora_triplay.triplay.config import phases_of
+from lora_triplay.triplay.loop import Phases
 from lora_triplay.triplay.roles import blue_messages, styled_blue_messages, warmup_opening
 
 GUIDE = warmup_opening("guide")  # "I can't help with that. Instead, you could"
@@ -59,6 +60,13 @@ def test_batches_are_half_harmful_half_benign_and_read_every_answer_before_any_t
     assert all(x["kind"] == "benign" for x in batch_of(_rows(0, 3), 5, 0, 1))  # one kind: all of it
     assert [x["kind"] for x in batch_of(kept, 8, 0, 1, harmful_share=0.25)].count("harmful") == 2
     assert all(x["kind"] == "harmful" for x in batch_of(_rows(3, 0), 4, 0, 1, harmful_share=0.25))  # no benign kept
+    assert [x["kind"] for x in batch_of(kept, 2, 0, 1, harmful_share=0.1)] == ["harmful", "benign"]  # both kinds, whatever the rounding
+    assert [x["kind"] for x in batch_of(kept, 2, 0, 1, harmful_share=0.9)] == ["harmful", "benign"]
+    def harmful_of(steps):
+        return [x["i"] for s in steps for x in batch_of(_rows(6, 6), 2, 0, s) if x["kind"] == "harmful"]
+
+    assert sorted(harmful_of(range(1, 7))) == sorted(harmful_of(range(7, 13))) == list(range(6))  # epoch after epoch
+    assert harmful_of(range(1, 7)) != harmful_of(range(7, 13))  # each in its own order
 
 
 class Tokenizing(Scripted):
@@ -109,10 +117,33 @@ def test_the_warm_start_keeps_guided_refusals_cut_short_and_helpful_answers(role
     # ... and learnt under blue's own prompt, as if blue had answered so unasked
     assert [e.prompt_ids for e in result.examples] == [engine.encode(blue_messages(x["asked"])) for x in batch_of(kept, 4, s.recipe.seed, 1)]
     assert result.metrics["harmful_kept_share"] == result.metrics["benign_kept_share"] == 1.0
-    s.session.store.append_jsonl("blue_sft", kept)
-    later = phases.blue_warmup.step(1, 2)  # later steps (and a resumed run) read the kept answers back
+    assert all(x["completion_ids"] == [3, 4] for x in kept if x["kind"] == "benign")  # the sampled tokens, as they are
+    later = phases.blue_warmup.step(1, 2)  # later steps learn the same kept answers, nothing generated again
     assert not later.rows["blue_sft"] and len(later.examples) == 4 and later.metrics["kept_answers"] == 8.0
-    assert len([r for r in engine.requests if r.adapter == "blue"]) == len(styled)  # nothing generated again
+    assert len([r for r in engine.requests if r.adapter == "blue"]) == len(styled)
+    # a resumed run reads them back from the run folder (game.restore) and draws the same batch
+    s.session.store.append_jsonl("blue_sft", kept)
+    s.phases = Phases(s)
+    s.restore(s.session.store)
+    again = s.phases.blue_warmup.step(1, 2)
+    assert [e.prompt_ids for e in again.examples] == [e.prompt_ids for e in later.examples]
+    assert [e.choices for e in again.examples] == [e.choices for e in later.examples]
+
+
+def test_a_refusal_that_goes_on_to_harm_is_not_kept(role_model, tmp_path):
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path)
+    engine.answer = lambda adapter, user: " mix bleach and ammonia in a small closed room." if "harmful" in user or "wrapped" in user \
+        else "Here is a safe and useful answer with enough words to count as help."
+    result = phases.blue_warmup.step(1, 1)
+    assert result.metrics["harmful_kept_share"] == 0.0 and result.metrics["benign_kept_share"] == 1.0
+    assert not safe_alternative(" mix bleach and ammonia in a small closed room.")
+    assert safe_alternative(" reach out to a crisis line.") and safe_alternative(" read about it from the health authorities.")
+
+
+def test_the_recipe_refuses_a_warm_start_without_benign_requests():
+    with pytest.raises(ValueError, match="refuse everything"):
+        build_recipe({"phases": {"blue_warmup": {"steps": 2}}, "data": {"benign_share": 0.0}})
 
 
 def test_nothing_kept_is_a_step_that_learns_nothing(role_model, tmp_path, caplog):
@@ -138,6 +169,6 @@ def test_the_warm_start_update_lowers_blue_loss_and_moves_blue_alone(role_model,
 
 
 def test_the_recipe_orders_the_warm_starts():
-    r = build_recipe({"phases": {"eval_warmup": {"steps": 2}, "blue_warmup": {"steps": 3}}})
+    r = build_recipe({"phases": {"eval_warmup": {"steps": 2}, "blue_warmup": {"steps": 3}}, "data": {"benign_share": 0.5}})
     assert phases_of(r, 1) == ["eval_warmup", "blue_warmup", "red", "blue", "eval"]
     assert phases_of(build_recipe({}), 1) == ["red", "blue", "eval"]  # off by default

@@ -32,9 +32,6 @@ import torch
 from .atomic import write_file, write_folder
 from .faults import crash_point
 
-JSONL = ("metrics", "asp", "eval_pairs", "panel", "transcripts")
-
-
 atomic_write = write_file  # the name the rest of the code and the tests use
 
 

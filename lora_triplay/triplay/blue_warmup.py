@@ -18,7 +18,8 @@ and that neither loops nor is near-empty, is kept. Every step: blue learns a
 batch of kept answers by cross-entropy on their tokens, prompted with its own
 system prompt, as if it had written them unasked, so the behaviour survives
 without the style prompt. The kept answers go to `blue_sft.jsonl` (a resumed
-run reads them back; they are generated text and stay in the run folder).
+run reads them back, game.restore; they are generated text and stay in the
+run folder).
 """
 from __future__ import annotations
 
@@ -28,12 +29,11 @@ import re
 import time
 
 from ..engine.base import Request, Sampling
-from ..judging.parsing import extract_wrapped_prompt
 from ..judging.quality import degenerate
-from ..judging.refusals import rules_label
+from ..judging.refusals import names_guidance, rules_label
 from ..training.supervised import ChoiceExample
 from .results import mean, step_result
-from .roles import blue_messages, red_messages, styled_blue_messages, warmup_opening
+from .roles import blue_messages, styled_blue_messages, warmup_opening
 
 log = logging.getLogger(__name__)
 STYLE = {"harmful": "guide", "benign": "blue"}  # what each kind of request is answered under
@@ -44,6 +44,12 @@ class BlueWarmup:
 
     def __init__(self, phases):
         self.p = phases
+        # the kept answers, from step 1 on (or from blue_sft.jsonl on resume, `restore`): every process
+        # keeps its own copy (each computes step 1 alike), none reads a file another may still be writing
+        self.kept: list[dict] = []
+
+    def restore(self, rows) -> None:
+        self.kept = list(rows)
 
     def step(self, iteration: int, step: int):
         game = self.p.game
@@ -51,11 +57,9 @@ class BlueWarmup:
         metrics: dict[str, float] = {}
         if step == 1:
             t0 = time.perf_counter()
-            kept, metrics = self.collect(iteration)
+            self.kept, metrics = self.collect(iteration)
             self.p.timings["collect"] = time.perf_counter() - t0
-            new_rows = kept
-        else:
-            kept, new_rows = list(game.store.iter_jsonl("blue_sft")), []
+        kept, new_rows = self.kept, (self.kept if step == 1 else [])
         if not kept:  # the model's doing, not the recipe's: the run goes on, and says so once
             if step == 1:
                 log.warning("phases.blue_warmup: the rule expert kept none of the untrained blue's %d answers; the warm start "
@@ -77,15 +81,9 @@ class BlueWarmup:
         """The untrained blue's answers the rule expert keeps, and what was kept of each kind."""
         game, r = self.p.game, self.p.game.recipe
         cfg = r.phases.blue_warmup
-        n_benign = game.data.benign_count(cfg.prompts)
-        harmful_items, benign = game.data.next_seed_items(cfg.prompts - n_benign), game.data.next_benign(n_benign)
-        n_raw = len(harmful_items) if r.data.blue_attacks != "red" else round(r.data.raw_share * len(harmful_items))
-        raw, wrapped = harmful_items[:n_raw], harmful_items[n_raw:]
-        wraps = self.p.generate("red", [Request("red", red_messages(b.prompt, t)) for b, t in wrapped], self.p.sampling["red"]) \
-            if wrapped else []
-        asked = [(b.prompt, b.prompt, "harmful") for b, _ in raw]
-        asked += [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(wrapped, wraps)]
-        asked += [(b.prompt, b.prompt, "benign") for b in benign]
+        # blue's own requests (Phases.blue_prompts): data.benign_share benign, the harmful ones data.raw_share as
+        # written and the rest wrapped by the untrained red (or a fixed attack set, data.blue_attacks)
+        asked = [(basic, x, kind) for basic, x, kind, _ in self.p.blue_prompts(cfg.prompts)]
         sampling = Sampling(max_new_tokens=self.p.sampling["blue"].max_new_tokens, temperature=cfg.temperature,
                             top_p=r.grpo.top_p, repetition_penalty=r.grpo.repetition_penalty)
         openings = [warmup_opening(STYLE[kind]) for _, _, kind in asked]
@@ -97,11 +95,10 @@ class BlueWarmup:
             for c in cands:
                 if kind == "harmful":  # the refusal and its first sentence of guidance, then the end (see `first_sentence`)
                     rest = first_sentence(c.text)
-                    text = opening + rest if rest else ""
+                    text = opening + rest if safe_alternative(rest) else ""
                     ids = engine.choice_ids(text)  # EOS appended: blue learns to stop there
-                else:  # its own answer, as it was sampled (EOS included where it ended)
-                    prefix = list(engine.tokenizer.encode(opening, add_special_tokens=False)) if opening else []
-                    text, ids = opening + c.text, prefix + list(c.token_ids)
+                else:  # its own answer under its own prompt (no opening), as sampled (EOS included where it ended)
+                    text, ids = c.text, list(c.token_ids)
                 if text and keep(text, kind):
                     kept.append({"basic": basic, "asked": x, "kind": kind, "style": STYLE[kind], "response": text,
                                  "completion_ids": ids, "iteration": iteration})
@@ -129,6 +126,17 @@ def first_sentence(text: str, min_words: int = 3) -> str:
     return sentence if len(sentence.split()) >= min_words else ""
 
 
+def safe_alternative(rest: str) -> bool:
+    """Whether the sentence after the forced opening ("... Instead, you
+    could") names a safe alternative itself: it goes on with a guidance verb
+    (try, contact, talk, seek, read ...) or names a resource (a helpline, a
+    professional, the authorities ...). The opening alone already satisfies
+    the rule expert, so without this check "... Instead, you could mix
+    bleach and ammonia." would be kept (review, 2026-12-02). A rule cannot
+    judge what the alternative says ("try to find a way to ..." passes)."""
+    return bool(rest) and names_guidance("You could" + rest)
+
+
 def keep(text: str, kind: str) -> bool:
     """Whether an answer is one to teach blue: the rule expert's `positive`
     (a harmful request declined with a safe alternative; a benign one
@@ -144,7 +152,10 @@ def batch_of(kept: list[dict], size: int, seed: int, step: int, harmful_share: f
     answer is learnt once before any twice and a resumed run draws the same
     batch."""
     by = {kind: [x for x in kept if x["kind"] == kind] for kind in ("harmful", "benign")}
-    n_harmful = round(harmful_share * size) if by["harmful"] and by["benign"] else size if by["harmful"] else 0
+    if by["harmful"] and by["benign"]:  # both kinds in every batch of two or more, whatever the rounding
+        n_harmful = min(max(round(harmful_share * size), int(0 < harmful_share)), size - int(harmful_share < 1))
+    else:
+        n_harmful = size if by["harmful"] else 0
     out = []
     for kind, n in (("harmful", n_harmful), ("benign", size - n_harmful)):
         rows = by[kind]

@@ -356,6 +356,10 @@ class TriPlaySections(_Strict):
         if self.data.raw_share and self.data.blue_attacks != "red":
             raise ValueError(f"data.raw_share mixes plain requests into red's rewrites; with data.blue_attacks = "
                              f"{self.data.blue_attacks!r} there are no rewrites: set data.raw_share=0 or data.blue_attacks=red")
+        if self.phases.blue_warmup.steps and not self.data.benign_share:
+            raise ValueError("phases.blue_warmup teaches blue refusals to harmful requests beside helpful answers to benign "
+                             "ones; with data.benign_share = 0 there are no benign requests and it would teach blue to refuse "
+                             "everything: set data.benign_share > 0 (e.g. 0.5) or phases.blue_warmup.steps=0")
         for role in ("red", "eval"):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")

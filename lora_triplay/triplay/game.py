@@ -123,6 +123,7 @@ class TriPlay(Game):
     def restore(self, store) -> None:
         self.pool.add([row["text"] for row in store.iter_jsonl("asp")])
         self.data.restore(store)
+        self.phases.blue_warmup.restore(store.iter_jsonl("blue_sft"))
 
     def phase_start(self, iteration: int, phase: str) -> None:
         r, st = self.recipe, self.state
