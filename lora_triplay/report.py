@@ -34,6 +34,9 @@ TRAINING_PANELS = {
     "label_agreement": ("expert panel agreement", "agreement", [("panel_agreement", "eval", "panel_agreement")]),
 }
 RATE_PANELS = {"red_asr", "eval_accuracy", "label_agreement"}  # shares in [0, 1]: a fixed y range
+# the warm starts (supervised, before iteration 1's P_red): what each logs worth reading first and last
+WARM_STARTS = {"eval_warmup": ("ce_loss", "accuracy"),
+               "blue_warmup": ("ce_loss", "kept_answers", "harmful_kept_share", "benign_kept_share")}
 
 
 def _num(v) -> float | None:
@@ -227,6 +230,18 @@ def training_table(rows: list[dict]) -> list[str]:
     return _iteration_table(rows, cols)
 
 
+def warm_start_table(rows: list[dict]) -> list[str]:
+    """Each warm start's metrics at its first and last logged value (empty: none ran)."""
+    out = []
+    for phase, keys in WARM_STARTS.items():
+        mine = [r for r in rows if r.get("phase") == phase]
+        for key in keys:
+            vals = [v for v in (_num(r.get(key)) for r in mine) if v is not None]
+            if vals:
+                out.append([phase, key, _fmt(vals[0]), _fmt(vals[-1]), str(len(mine))])
+    return _table(["warm start", "metric", "first", "last", "steps"], out) if out else []
+
+
 def _iteration_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> list[str]:
     out = []
     for it in sorted({r["iteration"] for r in rows}):
@@ -291,7 +306,7 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
     out.mkdir(parents=True, exist_ok=True)
     name = run_dir.resolve().name
     report: dict = {"run": str(run_dir.resolve()), "metrics_rows": len(rows), "files": []}
-    md = [f"# lora-triplay report: {name}", "", f"Run folder: `{run_dir.resolve()}`; {len(rows)} GRPO steps logged.", ""]
+    md = [f"# lora-triplay report: {name}", "", f"Run folder: `{run_dir.resolve()}`; {len(rows)} metrics rows logged.", ""]
     game = game_of(run_dir)
     spec = None if game == "triplay" else game_panels(game)
     if rows:
@@ -301,6 +316,9 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
         report["files"].append("training.png")
         md += ["## Training (mean over each iteration's steps)", "", "![training curves](training.png)", ""]
         md += _explained(training_table(rows) if spec is None else game_table(rows, spec), TRAINING_DASH) + [""]
+        warm = warm_start_table(rows)
+        if warm:
+            md += ["## Warm starts (supervised, before the first iteration's phases)", ""] + warm + [""]
     if decisions:
         report["control"] = decisions
         md += ["## Control decisions (recipe `control:`)", ""]

@@ -164,3 +164,25 @@ def test_legends_cover_no_point_and_no_axes(monkeypatch, run_dir, tmp_path, resu
                     for x, y in ax.transData.transform(line.get_xydata()):
                         covered = box.x0 - radius < x < box.x1 + radius and box.y0 - radius < y < box.y1 + radius
                         assert not covered, f"{owner.get_title()}: legend covers ({x:.0f}, {y:.0f}) of {ax.get_title()}"
+
+
+def test_warm_starts_get_their_own_table(tmp_path):
+    """Both warm starts' rows (supervised steps before iteration 1's
+    phases) are read first and last; a run without them has no such table."""
+    warm = [{"iteration": 1, "phase": "eval_warmup", "step": s, "global_step": s, "ce_loss": 1.2 - 0.2 * s, "accuracy": 0.3 * s}
+            for s in (1, 2, 3)]
+    warm += [{"iteration": 1, "phase": "blue_warmup", "step": 1, "global_step": 4, "ce_loss": 1.9, "kept_answers": 60.0,
+              "harmful_kept_share": 0.875, "benign_kept_share": 1.0},
+             {"iteration": 1, "phase": "blue_warmup", "step": 2, "global_step": 5, "ce_loss": 1.1, "kept_answers": 60.0}]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm + _rows()))
+    make_report(run, tmp_path / "rep")
+    md = (tmp_path / "rep" / "summary.md").read_text().splitlines()
+    at = md.index("## Warm starts (supervised, before the first iteration's phases)")
+    table = md[at + 2: at + 2 + 2 + 6]
+    assert "| eval_warmup | ce_loss | 1.000 | 0.600 | 3 |" in table and "| eval_warmup | accuracy | 0.300 | 0.900 | 3 |" in table
+    assert "| blue_warmup | ce_loss | 1.900 | 1.100 | 2 |" in table and "| blue_warmup | harmful_kept_share | 0.875 | 0.875 | 2 |" in table
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    make_report(run, tmp_path / "rep2")
+    assert not any(line.startswith("## Warm starts") for line in (tmp_path / "rep2" / "summary.md").read_text().splitlines())
