@@ -55,21 +55,20 @@ ABLATIONS = {  # each at main-s0's seed and budget
     # no benign stream, and so no blue warm start (it learns refusals beside benign answers; alone it teaches refusing all)
     "no-benign": ["seed=0", "data.benign_share=0", "phases.blue_warmup.steps=0"],
 }
+# iteration 1 with every phase but blue's warm start at 0 steps: blue after its warm start alone
+WARM_ONLY = ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"]
 # The main run with one training setting changed, kept beside it in the report
 VARIANTS = {
     # a stock reply counted by its four opening words only, not by meaning as well (the recipe's
     # generic_by): at four words, seed 0's blue of 2026-12-02 reworded its stock reply
     "generic-4": ["seed=0", "rewards.generic_by=opening"],
     # blue after its warm start alone (phases.blue_warmup), no self-play: what the loop adds to it
-    "warm-only": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
-                  "phases.eval.steps=0"],
+    "warm-only": WARM_ONLY,
     # the same, lighter: half the steps, a quarter of each batch refusals (the trade-off against over-refusal)
-    "warm-only-light": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
-                        "phases.eval.steps=0", "phases.blue_warmup.steps=8", "phases.blue_warmup.harmful_share=0.25"],
+    "warm-only-light": WARM_ONLY + ["phases.blue_warmup.steps=8", "phases.blue_warmup.harmful_share=0.25"],
     # wider: every builtin benign request (112) and as many harmful ones in the warm start, a quarter of each
     # batch refusals (does more benign coverage keep blue from refusing by topic?)
-    "warm-only-wide": ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0",
-                       "phases.eval.steps=0", "phases.blue_warmup.prompts=224", "phases.blue_warmup.harmful_share=0.25"],
+    "warm-only-wide": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.harmful_share=0.25"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",

@@ -172,3 +172,13 @@ def test_the_recipe_orders_the_warm_starts():
     r = build_recipe({"phases": {"eval_warmup": {"steps": 2}, "blue_warmup": {"steps": 3}}, "data": {"benign_share": 0.5}})
     assert phases_of(r, 1) == ["eval_warmup", "blue_warmup", "red", "blue", "eval"]
     assert phases_of(build_recipe({}), 1) == ["red", "blue", "eval"]  # off by default
+
+
+def test_each_warm_start_trains_its_role_at_its_own_rate_or_the_roles():
+    from lora_triplay.triplay.game import TriPlay
+
+    own = TriPlay(build_recipe({"phases": {"blue": {"lr": 3e-4}, "blue_warmup": {"steps": 2, "lr": 1e-3}}, "data": {"benign_share": 0.5}}))
+    assert (own.role_of("blue_warmup"), own.phase_lr("blue_warmup"), own.phase_lr("blue")) == ("blue", 1e-3, 3e-4)
+    inherited = TriPlay(build_recipe({"phases": {"blue": {"lr": 3e-4}, "blue_warmup": {"steps": 2}}, "data": {"benign_share": 0.5}}))
+    assert inherited.phase_lr("blue_warmup") == 3e-4 and inherited.phase_lr("red") == inherited.recipe.grpo.lr
+    assert TriPlay(build_recipe({"phases": {"eval_warmup": {"steps": 2, "lr": 2e-3}}})).phase_lr("eval_warmup") == 2e-3

@@ -12,9 +12,11 @@ Step 1 collects the data once: the untrained blue (the bare base) answers
 written, the rest wrapped by the untrained red). Harmful requests are
 answered under the `guide` style (templates.yaml: decline, then a safe
 alternative; its opening words forced, since a 135M base ignores a system
-prompt; kept up to its first sentence of alternative: `first_sentence`), benign ones under blue's own system prompt. `candidates` answers
-each; the first one the rule expert (judging/refusals.py) calls `positive`,
-and that neither loops nor is near-empty, is kept. Every step: blue learns a
+prompt; kept up to the alternative's first sentence, `first_sentence`, which
+must name guidance itself, `safe_alternative`), benign ones under blue's own
+system prompt. `candidates` answers each; the first one the rule expert
+(judging/refusals.py) calls `positive`, and that neither loops nor is
+near-empty, is kept. Every step: blue learns a
 batch of kept answers by cross-entropy on their tokens, prompted with its own
 system prompt, as if it had written them unasked, so the behaviour survives
 without the style prompt. The kept answers go to `blue_sft.jsonl` (a resumed
@@ -64,7 +66,7 @@ class BlueWarmup:
             if step == 1:
                 log.warning("phases.blue_warmup: the rule expert kept none of the untrained blue's %d answers; the warm start "
                             "learns nothing (raise phases.blue_warmup.candidates, or set its steps to 0)",
-                            game.recipe.phases.blue_warmup.prompts * cfg.candidates)
+                            cfg.prompts * cfg.candidates)
             return step_result([], {**metrics, "kept_answers": 0.0})
         batch = batch_of(kept, cfg.prompts_per_step, game.recipe.seed, step, cfg.harmful_share)
         engine = game.engine

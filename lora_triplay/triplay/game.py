@@ -56,9 +56,8 @@ class TriPlay(Game):
         return config.role_lr(self.recipe, role)
 
     def phase_lr(self, phase: str) -> float:
-        if phase in ("eval_warmup", "blue_warmup") and getattr(self.recipe.phases, phase).lr:
-            return getattr(self.recipe.phases, phase).lr
-        return self.lr_of(self.role_of(phase))
+        """The phase's own rate (a warm start's `lr`), else its role's (phases.<role>.lr, else grpo.lr)."""
+        return getattr(self.recipe.phases, phase).lr or self.lr_of(self.role_of(phase))
 
     def max_new_tokens_of(self, role: str) -> int:
         return config.max_new_tokens_of(self.recipe, role)
