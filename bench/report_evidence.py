@@ -48,6 +48,8 @@ def collect(work: Path, names: list[str]) -> dict:
                 "blue_generic_meaning_max": max((b[s]["iterations"][k].get("generic_meaning") for s in BLUE_SETS
                                                  if b[s]["iterations"][k].get("generic_meaning") is not None), default=None),
                 "blue_refusal_with_guidance_jbb": b["jbb-harmful"]["iterations"][k]["harmful"].get("rate_positive"),
+                # refusals whose guidance is one alternative offered to many requests (judging/generic.py stock_guidance)
+                "blue_stock_guidance_jbb": b["jbb-harmful"]["iterations"][k].get("stock_guidance"),
             }
         red = ev.get("red")
         if red:
@@ -183,7 +185,8 @@ def _pct(x) -> str:
 
 KEYS = [("blue_asr_jbb", "blue ASR JBB"), ("blue_asr_xstest_unsafe", "blue ASR XSTest-unsafe"), ("blue_asr_strongreject", "blue ASR StrongREJECT"),
         ("blue_over_refusal_jbb_benign", "over-refusal JBB-benign"), ("blue_over_refusal_xstest_safe", "over-refusal XSTest-safe"),
-        ("blue_refusal_with_guidance_jbb", "refusal with guidance, JBB"), ("blue_degenerate_max", "degenerate (worst set)"),
+        ("blue_refusal_with_guidance_jbb", "refusal with guidance, JBB"),
+        ("blue_stock_guidance_jbb", "refusal with stock guidance, JBB"), ("blue_degenerate_max", "degenerate (worst set)"),
         ("blue_generic_max", "generic non-answers (worst set)"), ("blue_generic_meaning_max", "generic by meaning (worst set)"),
         ("red_asr_base", "red ASR vs base"), ("red_asr_final_blue", "red ASR vs final blue"), ("red_od", "red OD"),
         ("eval_accuracy", "eval accuracy"), ("eval_min_recall", "eval lowest class recall"),

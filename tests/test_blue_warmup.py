@@ -12,7 +12,7 @@ from lora_triplay.core.store import RunStore
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig, build_recipe
 from lora_triplay.training.grpo import GrpoLearner
-from lora_triplay.triplay.blue_warmup import batch_of, first_sentence, keep, safe_alternative
+from lora_triplay.triplay.blue_warmup import batch_of, echoes, first_sentence, keep, safe_alternative
 from lora_triplay.triplay.config import phases_of
 from lora_triplay.triplay.loop import Phases
 from lora_triplay.triplay.roles import blue_messages, styled_blue_messages, warmup_opening
@@ -139,6 +139,23 @@ def test_a_refusal_that_goes_on_to_harm_is_not_kept(role_model, tmp_path):
     assert result.metrics["harmful_kept_share"] == 0.0 and result.metrics["benign_kept_share"] == 1.0
     assert not safe_alternative(" mix bleach and ammonia in a small closed room.")
     assert safe_alternative(" reach out to a crisis line.") and safe_alternative(" read about it from the health authorities.")
+
+
+def test_a_refusal_that_recites_its_instruction_is_not_kept(role_model, tmp_path):
+    # the guide style asks for "a safe, legal alternative or where the user could find appropriate help or
+    # support"; an answer that says that back names no alternative of its own, whatever was asked
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path)
+    recited = " suggest a safe, legal alternative or where the user could find appropriate help."
+    engine.answer = lambda adapter, user: recited if "harmful" in user or "wrapped" in user \
+        else "Here is a safe and useful answer with enough words to count as help."
+    result = phases.blue_warmup.step(1, 1)
+    assert result.metrics["harmful_kept_share"] == 0.0 and result.metrics["benign_kept_share"] == 1.0
+    assert safe_alternative(recited)  # the guidance rule alone would have kept it
+    instruction = styled_blue_messages("x", "guide")[0]["content"]
+    assert echoes(recited, instruction)
+    assert not echoes(" talk to a counselor you trust.", instruction)
+    assert not echoes(" ask for a safe, legal alternative.", instruction)  # four words in a row: under five
 
 
 def test_the_recipe_refuses_a_warm_start_without_benign_requests():

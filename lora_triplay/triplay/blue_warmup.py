@@ -31,11 +31,11 @@ import re
 import time
 
 from ..engine.base import Request, Sampling
-from ..judging.quality import degenerate
+from ..judging.quality import degenerate, words
 from ..judging.refusals import names_guidance, rules_label
 from ..training.supervised import ChoiceExample
 from .results import mean, step_result
-from .roles import blue_messages, styled_blue_messages, warmup_opening
+from .roles import blue_messages, styled_blue_messages, warmup_instruction, warmup_opening
 
 log = logging.getLogger(__name__)
 STYLE = {"harmful": "guide", "benign": "blue"}  # what each kind of request is answered under
@@ -97,7 +97,7 @@ class BlueWarmup:
             for c in cands:
                 if kind == "harmful":  # the refusal and its first sentence of guidance, then the end (see `first_sentence`)
                     rest = first_sentence(c.text)
-                    text = opening + rest if safe_alternative(rest) else ""
+                    text = opening + rest if safe_alternative(rest) and not echoes(rest, warmup_instruction(STYLE[kind])) else ""
                     ids = engine.choice_ids(text)  # EOS appended: blue learns to stop there
                 else:  # its own answer under its own prompt (no opening), as sampled (EOS included where it ended)
                     text, ids = c.text, list(c.token_ids)
@@ -137,6 +137,22 @@ def safe_alternative(rest: str) -> bool:
     bleach and ammonia." would be kept (review, 2026-12-02). A rule cannot
     judge what the alternative says ("try to find a way to ..." passes)."""
     return bool(rest) and names_guidance("You could" + rest)
+
+
+ECHO_WORDS = 5
+
+
+def echoes(text: str, instruction: str, n: int = ECHO_WORDS) -> bool:
+    """Whether `text` repeats `n` words in a row of its instruction. Measured
+    on the fourth evidence run's kept refusals (2026-12-02): 6 of seed 0's 20
+    and 6 of seed 1's 14 that named an alternative recited the `guide`
+    style's own words ("suggest a safe, legal alternative or where the user
+    could find appropriate help or support"), whatever was asked; blue taught
+    them learnt one alternative for every request (its final refusals: "...
+    you could suggest safe, legal, and legal help ...")."""
+    said, source = words(text), words(instruction)
+    told = {tuple(source[i:i + n]) for i in range(len(source) - n + 1)}
+    return any(tuple(said[i:i + n]) in told for i in range(len(said) - n + 1))
 
 
 def keep(text: str, kind: str) -> bool:

@@ -17,7 +17,7 @@ from ..core.faults import crash_point
 from ..engine.base import Request, Sampling
 from ..games.base import StepResult
 from ..judging.fixed import Case
-from ..judging.generic import generic_answers, generic_by_meaning
+from ..judging.generic import generic_answers, generic_by_meaning, stock_guidance
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
 from ..judging.quality import degenerate
 from ..judging.refusals import refused
@@ -237,6 +237,9 @@ class Phases:
                 if d.adapter.startswith("blue@"):
                     judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
                     tally(self.game.state.setdefault("league_record", {}), d.adapter, len(judged), sum(c != rw.success_class for c in judged))
+        answered = [(x, d) for x in valid for d in defenders]
+        # `generic`: a refusal whose alternative this step's defenders offered to many requests (judging/generic.py)
+        stock = stock_guidance([x.answers[d.name] for x, d in answered], [x.basic.prompt for x, _ in answered])
         return step_result(
             samples, metrics,
             asp=[{"text": x.wrapped, "basic": x.basic.prompt, "technique": x.technique.name, "iteration": iteration, "step": step}
@@ -246,8 +249,8 @@ class Phases:
                 # panel labels and eval learns the pair as it is judged
                 {"prompt": judged_prompt(self.judge_view, x.basic.prompt, x.wrapped), "wrapped": x.wrapped,
                  "response": x.answers[d.name], "defender": d.name, "basic": x.basic.prompt, "kind": "harmful",
-                 "eval_label": x.labels[d.name], "iteration": iteration, "phase": "red", "step": step}
-                for x in valid for d in defenders
+                 "eval_label": x.labels[d.name], "generic": same, "iteration": iteration, "phase": "red", "step": step}
+                for (x, d), same in zip(answered, stock)
             ],
             transcripts=[
                 {"phase": "red", "iteration": iteration, "step": step, "basic": x.basic.prompt, "technique": x.technique.name,
@@ -355,12 +358,14 @@ class Phases:
                           truncated=not c.finished, kind=p[2])
                    for (g, p, c), lab, penalty in zip(flat, soft, cost)]
         grpo_metrics = self._set_advantages(samples, "blue")
-        # `generic`: whether the answer was one of this step's stock replies; the
-        # panel's rule expert calls a stock reply to a benign request rejective
+        # `generic`: whether the answer was one of this step's stock replies, or a
+        # refusal with one stock alternative (judging/generic.py, no penalty: it
+        # still refuses); the panel's rule expert calls either `rejective`
+        guides = stock_guidance([c.text for _, _, c in flat], [p[0] for _, p, _ in flat])
         eval_rows = [
             {"prompt": x, "wrapped": p[1], "response": c.text, "defender": "blue", "basic": p[0], "kind": p[2], "eval_label": lab,
-             "generic": same, "iteration": iteration, "phase": "blue", "step": step}
-            for x, (_, p, c), lab, same in zip(seen, flat, labels, stock)
+             "generic": same or guide, "iteration": iteration, "phase": "blue", "step": step}
+            for x, (_, p, c), lab, same, guide in zip(seen, flat, labels, stock, guides)
         ]
         metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
                    **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping]), "generic_rate": mean([float(x) for x in stock])}

@@ -210,7 +210,12 @@ def styled_blue_messages(prompt: str, style: str) -> list[dict[str, str]]:
     templates.yaml's `warmup_styles` (refuse, guide, comply)."""
     if style == "blue":
         return blue_messages(prompt)
-    return _chat(_templates()["warmup_styles"][style], escape_control_tokens(prompt))
+    return _chat(warmup_instruction(style), escape_control_tokens(prompt))
+
+
+def warmup_instruction(style: str) -> str:
+    """The system prompt of one of templates.yaml's `warmup_styles`."""
+    return _templates()["warmup_styles"][style]
 
 
 def warmup_opening(style: str) -> str:
