@@ -62,6 +62,12 @@ def test_batches_are_half_harmful_half_benign_and_read_every_answer_before_any_t
     assert all(x["kind"] == "harmful" for x in batch_of(_rows(3, 0), 4, 0, 1, harmful_share=0.25))  # no benign kept
     assert [x["kind"] for x in batch_of(kept, 2, 0, 1, harmful_share=0.1)] == ["harmful", "benign"]  # both kinds, whatever the rounding
     assert [x["kind"] for x in batch_of(kept, 2, 0, 1, harmful_share=0.9)] == ["harmful", "benign"]
+    # batches of one alternate, harmful_share of them refusals, each kind still read once before twice
+    ones = [batch_of(kept, 1, 0, s) for s in range(1, 13)]
+    assert all(len(b) == 1 for b in ones) and [b[0]["kind"] for b in ones].count("harmful") == 6
+    assert sorted(b[0]["i"] for b in ones if b[0]["kind"] == "harmful") == list(range(6))
+    assert len({b[0]["i"] for b in ones if b[0]["kind"] == "benign"}) == 6
+    assert [b[0]["kind"] for b in (batch_of(kept, 1, 0, s, harmful_share=0.25) for s in range(1, 9))].count("harmful") == 2
     def harmful_of(steps):
         return [x["i"] for s in steps for x in batch_of(_rows(6, 6), 2, 0, s) if x["kind"] == "harmful"]
 

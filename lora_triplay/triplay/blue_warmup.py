@@ -170,16 +170,26 @@ def batch_of(kept: list[dict], size: int, seed: int, step: int, harmful_share: f
     answer is learnt once before any twice and a resumed run draws the same
     batch."""
     by = {kind: [x for x in kept if x["kind"] == kind] for kind in ("harmful", "benign")}
-    if by["harmful"] and by["benign"]:  # both kinds in every batch of two or more, whatever the rounding
-        n_harmful = min(max(round(harmful_share * size), int(0 < harmful_share)), size - int(harmful_share < 1))
-    else:
-        n_harmful = size if by["harmful"] else 0
+    before = _harmful_drawn(step - 1, size, harmful_share, by)  # refusals learnt in the steps before this one
+    n_harmful = _harmful_drawn(step, size, harmful_share, by) - before
     out = []
-    for kind, n in (("harmful", n_harmful), ("benign", size - n_harmful)):
+    for kind, n, start in (("harmful", n_harmful, before), ("benign", size - n_harmful, (step - 1) * size - before)):
         rows = by[kind]
         for j in range(n):
-            epoch, pos = divmod((step - 1) * n + j, len(rows))
+            epoch, pos = divmod(start + j, len(rows))
             order = list(range(len(rows)))
             random.Random(f"{seed}:blue_warmup:{kind}:{epoch}").shuffle(order)
             out.append(rows[order[pos]])
     return out
+
+
+def _harmful_drawn(steps: int, size: int, share: float, by: dict[str, list]) -> int:
+    """Refusals in the first `steps` batches of `size`: all or none where one
+    kind alone was kept; else `share` of each batch and both kinds in every
+    batch of two or more, whatever the rounding; batches of one alternate,
+    `share` of them refusals."""
+    if not (by["harmful"] and by["benign"]):
+        return steps * size if by["harmful"] else 0
+    if size < 2:
+        return round(share * steps)
+    return steps * min(max(round(share * size), int(0 < share)), size - int(share < 1))
