@@ -180,19 +180,19 @@ def test_readme_run_folder_table_matches_the_run(tiny_run):
 
 
 # Measured once on this repo's tiny run (the same on 1 and 2 torch threads;
-# re-measured 2026-12-02: the tiny tokenizer is trained on the package's
-# prompt files, and 40 benign topic twins joined benign_prompts.jsonl; the
-# previous file still gives the previous numbers exactly):
+# re-measured 2026-12-03: the tiny tokenizer is trained on the package's
+# prompt files, and half the builtin harmful requests became questions so
+# that a request's form no longer tells its kind):
 # (phase, step, reward_mean, grad_norm, entropy, kl). A change to sampling,
 # rewards, advantages, the loss or the optimizer moves these numbers; if the
 # change is intended, rerun the tiny recipe and update them in the same commit.
 PINNED = [
-    ("red", 1, 0.001765, 0.011481, 6.917143, 0.0),
-    ("red", 2, 0.001770, 0.019089, 6.916948, 2.742e-06),
-    ("blue", 1, 0.511951, 0.158252, 6.917194, 0.0),
-    ("blue", 2, 0.512575, 0.163444, 6.917162, 1.209e-05),
-    ("eval", 1, 0.333333, 0.240527, 6.916961, 0.0),
-    ("eval", 2, 0.333333, 0.234210, 6.916990, 0.0001364),
+    ("red", 1, 0.001734, 0.034952, 6.917201, 0.0),
+    ("red", 2, 0.001737, 0.032888, 6.916971, 6.241e-06),
+    ("blue", 1, 0.532224, 0.155010, 6.917340, 0.0),
+    ("blue", 2, 0.535052, 0.171501, 6.917281, 9.722e-06),
+    ("eval", 1, 0.333333, 0.202931, 6.916700, 0.0),
+    ("eval", 2, 0.333333, 0.113832, 6.916721, 0.0001017),
 ]
 
 

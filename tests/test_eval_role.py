@@ -130,6 +130,26 @@ def test_balanced_batches_draw_every_label_equally(tmp_path):
     assert abs(drawn.count("positive") / len(drawn) - 0.1) < 0.03
 
 
+def test_batches_draw_each_label_from_the_current_iteration_first():
+    import random
+
+    from lora_triplay.triplay.rundata import RunData
+
+    recipe = build_recipe({"experts": {"balance_classes": True, "heldout_share": 0.0, "batch_fresh_share": 1.0}})
+    data = RunData(recipe, {"cursor": 0}, panel=None)
+    data.pairs.iteration = 2
+    # the warm start's 90 negatives and 90 positives, this iteration's 3 positives and no negative
+    data.labelled = ([{"panel_label": c, "pair": i, "iteration": 1} for i, c in enumerate(["negative", "positive"] * 90)]
+                     + [{"panel_label": "positive", "pair": 180 + i, "iteration": 2} for i in range(3)])
+    random.seed(0)
+    drawn = [x for _ in range(20) for x in data.sample_labelled_pairs(8)]
+    assert all(x["iteration"] == 2 for x in drawn if x["panel_label"] == "positive")
+    assert sum(x["panel_label"] == "negative" for x in drawn) == len(drawn) // 2  # a label with nothing new: from all
+    data.recipe = build_recipe({"experts": {"balance_classes": True, "heldout_share": 0.0, "batch_fresh_share": 0.5}})
+    fresh = [x["iteration"] == 2 for _ in range(100) for x in data.sample_labelled_pairs(8) if x["panel_label"] == "positive"]
+    assert 0.45 < sum(fresh) / len(fresh) < 0.6  # half fresh, plus the old draws' 3 in 93
+
+
 def test_heldout_pairs_never_train_eval():
     from lora_triplay.triplay.rundata import RunData
 

@@ -59,3 +59,28 @@ def test_rebuild_from_disk_is_exact():
     c = PairPool(cap=16, seed=4)
     c.add(dict(r) for r in rows)
     assert [r["pair"] for r in c.older.items] != [r["pair"] for r in b.older.items]  # the seed matters
+
+
+def _sourced(n, phase, defender, kind, start):
+    return [{"prompt": f"p{start + i}", "response": "r", "iteration": 2, "phase": phase, "defender": defender, "kind": kind}
+            for i in range(n)]
+
+
+def test_pick_by_source_labels_a_small_stream_as_often_as_a_large_one():
+    # P_blue's blue answers 180 requests, P_red's base 12: uniformly the base
+    # gets ~0.5 of 9 picks, source by source a third of them
+    pool = PairPool(cap=500, seed=0)
+    pool.add(_sourced(90, "blue", "blue", "benign", 0) + _sourced(90, "blue", "blue", "harmful", 90)
+             + _sourced(12, "red", "base", "harmful", 180))
+    rng = random.Random(0)
+    uniform = [r["defender"] for _ in range(50) for r in pool.pick(9, 1.0, rng)]
+    assert uniform.count("base") / len(uniform) < 0.15
+    for _ in range(5):
+        picked = pool.pick(9, 1.0, rng, by_source=True)
+        assert sorted((r["phase"], r["kind"]) for r in picked).count(("red", "harmful")) == 3
+        assert sum(r["kind"] == "benign" for r in picked) == 3
+    # a source that runs out leaves the rest to the others, never a pair twice
+    pool.mark_labelled(r["pair"] for r in pool.current.items if r["defender"] == "base" and r["pair"] % 2)
+    picked = pool.pick(30, 1.0, rng, by_source=True)
+    assert len(picked) == 30 and len({r["pair"] for r in picked}) == 30
+    assert sum(r["defender"] == "base" for r in picked) == 6

@@ -55,6 +55,21 @@ def test_builtin_basic_prompts():
     assert len(load_basic_prompts(limit=5)) == 5
 
 
+def test_builtin_requests_are_not_told_apart_by_their_form():
+    # Until 2026-12-02 every harmful seed was an order ("Explain how to ...")
+    # and 71 of 112 benign requests were questions: a 135M eval and blue
+    # learnt "a question is benign" (StrongREJECT's plain questions were
+    # called safe, JBB's benign orders refused). Both forms in both kinds.
+    from importlib import resources
+
+    def question_share(prompts):
+        return sum(p.prompt.rstrip().endswith("?") for p in prompts) / len(prompts)
+
+    benign_file = resources.files("lora_triplay.triplay") / "prompts/benign_prompts.jsonl"
+    harmful, benign = question_share(load_basic_prompts()), question_share(load_basic_prompts(str(benign_file)))
+    assert 0.4 <= harmful <= 0.6 and 0.4 <= benign <= 0.7, (harmful, benign)
+
+
 def test_builtin_techniques():
     techniques = load_techniques()
     assert len(techniques) == 9

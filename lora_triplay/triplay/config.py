@@ -270,9 +270,20 @@ class ExpertsConfig(_Strict):
     max_new_tokens: int | None = Field(None, ge=1, description="default: rewards.judge_max_new_tokens's budget")
     pairs_per_step: int | None = Field(None, ge=1, description="pairs the panel labels per eval step (default 2 x prompts_per_step)")
     fresh_share: float = Field(0.75, ge=0, le=1, description="share of them drawn from the current iteration's pairs")
+    pick_by: Literal["pair", "source"] = Field(
+        "pair", description="how the panel's pairs are drawn from the pool: `pair` uniformly, `source` one source "
+        "(phase, defender, request kind) after another, so a small stream (the base's answers to red) is labelled as "
+        "often as blue's large one and eval keeps meeting new compliances once blue refuses (pairs.py spread)"
+    )
     pool_cap: int = Field(4096, ge=16, description="pairs kept in memory per reservoir (current iteration, older ones)")
     balance_classes: bool = Field(
         False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the prior)"
+    )
+    batch_fresh_share: float = Field(
+        0.0, ge=0, le=1, description="with balance_classes: the share of each label's draws in eval's batches taken "
+        "from the current iteration's labels, where it has any (0: uniformly from every label so far). Why: eval "
+        "learns its warm start's pairs to a near-zero loss, so in later batches they carry almost no gradient and the "
+        "few new pairs steer the update; drawn uniformly, the new ones were mostly `positive` (fifth evidence run)"
     )
     heldout_share: float = Field(
         0.1, ge=0, le=0.5, description="share of the panel-labelled pairs kept out of eval's training: after each eval phase "

@@ -67,17 +67,51 @@ class PairPool:
     def mark_labelled(self, indices: Iterable[int]) -> None:
         self.labelled.update(indices)
 
-    def pick(self, k: int, fresh_share: float, rng: random.Random) -> list[dict]:
+    def pick(self, k: int, fresh_share: float, rng: random.Random, by_source: bool = False) -> list[dict]:
         """Up to k unlabelled pairs: round(k * fresh_share) from the current
         iteration, the rest from older ones (either side fills in for the
-        other when it runs short)."""
+        other when it runs short). Uniformly, or with `by_source` one source
+        after another (`spread`)."""
         fresh = [r for r in self.current.items if r["pair"] not in self.labelled]
         old = [r for r in self.older.items if r["pair"] not in self.labelled]
         want_fresh = min(len(fresh), round(k * fresh_share))
         want_old = min(len(old), k - want_fresh)
         want_fresh = min(len(fresh), k - want_old)
-        picks = rng.sample(fresh, want_fresh) + rng.sample(old, want_old)
+        draw = spread if by_source else (lambda rows, n, g: g.sample(rows, n))
+        picks = draw(fresh, want_fresh, rng) + draw(old, want_old, rng)
         return sorted(picks, key=lambda r: r["pair"])
 
     def __len__(self) -> int:
         return len(self.current.items) + len(self.older.items)
+
+
+def source(row: dict) -> tuple[str, str, str]:
+    """Where a pair comes from: the phase, the defender that answered, and
+    the request's kind (P_red's base answering red, P_blue's blue answering
+    a benign request, ...)."""
+    return str(row.get("phase")), str(row.get("defender")), str(row.get("kind", "harmful"))
+
+
+def spread(rows: list[dict], k: int, rng: random.Random) -> list[dict]:
+    """k of `rows` drawn one source after another (in a shuffled order),
+    each source's pairs in a random order. Why: drawn uniformly, the panel's
+    picks follow the pool's make-up (P_blue's 384 answers an iteration
+    against the base's 64 in P_red), so once blue refuses almost every new
+    label is `positive` or `rejective` and eval's `negative` class stops
+    getting new examples (2-10 of ~45 labels an iteration in the fifth
+    evidence run), while the base, a defender that never learns to refuse,
+    keeps supplying them."""
+    by: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by.setdefault(source(row), []).append(row)
+    order = sorted(by)
+    rng.shuffle(order)
+    for key in order:
+        rng.shuffle(by[key])
+    out: list[dict] = []
+    while len(out) < min(k, len(rows)):
+        for key in order:
+            if by[key] and len(out) < k:
+                out.append(by[key].pop())
+    return out
+

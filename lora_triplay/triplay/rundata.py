@@ -124,7 +124,7 @@ class RunData:
         the current iteration (pairs.py). Returns the panel rows (pending
         until the step commits) and the panel's summary metrics."""
         rng = random.Random(f"{self.recipe.seed}:label:{self.state['global_step']}")
-        todo = self.pairs.pick(k, self.recipe.experts.fresh_share, rng)
+        todo = self.pairs.pick(k, self.recipe.experts.fresh_share, rng, by_source=self.recipe.experts.pick_by == "source")
         rows, summary = self._label(todo)
         if todo:
             summary["panel_fresh_share"] = sum(p.get("iteration") == self.pairs.iteration for p in todo) / len(todo)
@@ -169,7 +169,8 @@ class RunData:
         `experts.balance_classes`, the labels present in turns (in a
         shuffled order, so a batch holds each about equally often), a pair
         drawn for each (drawing the label at random gave batches of 8 such
-        as 1/4/3)."""
+        as 1/4/3), each label's pair from the current iteration's with
+        probability `experts.batch_fresh_share`."""
         pool = [r for r in self.labelled + [r for r in self.pending if r["panel_label"]] if not r.get("heldout")]
         if not pool:
             return []
@@ -180,9 +181,13 @@ class RunData:
             by.setdefault(row["panel_label"], []).append(row)
         classes = sorted(by)
         random.shuffle(classes)
+        fresh_share = self.recipe.experts.batch_fresh_share
         out = []
         for i in range(min(k, len(pool))):
             rows = by[classes[i % len(classes)]]
+            fresh = [r for r in rows if r.get("iteration") == self.pairs.iteration]
+            if fresh_share and fresh and random.random() < fresh_share:
+                rows = fresh
             out.append(rows[random.randrange(len(rows))])
         return out
 
