@@ -148,6 +148,14 @@ def test_batches_draw_each_label_from_the_current_iteration_first():
     data.recipe = build_recipe({"experts": {"balance_classes": True, "heldout_share": 0.0, "batch_fresh_share": 0.5}})
     fresh = [x["iteration"] == 2 for _ in range(100) for x in data.sample_labelled_pairs(8) if x["panel_label"] == "positive"]
     assert 0.45 < sum(fresh) / len(fresh) < 0.6  # half fresh, plus the old draws' 3 in 93
+    # every pair from this iteration (eval's warm start): the same batches as without the option
+    data.labelled = [{"panel_label": c, "pair": i, "iteration": 2} for i, c in enumerate(["negative", "positive"] * 20)]
+    batches = []
+    for share in (0.0, 0.75):
+        data.recipe = build_recipe({"experts": {"balance_classes": True, "heldout_share": 0.0, "batch_fresh_share": share}})
+        random.seed(1)
+        batches.append([x["pair"] for _ in range(5) for x in data.sample_labelled_pairs(8)])
+    assert batches[0] == batches[1]
 
 
 def test_heldout_pairs_never_train_eval():

@@ -127,7 +127,9 @@ def test_a_stock_reply_to_every_prompt_costs_blue_the_generic_penalty():
     assert result.metrics["generic_rate"] == 0.0 and {x.reward for x in result.samples} == {1.0}
     assert not any(p["generic"] for p in result.rows["eval_pairs"])
     verbs = ("protect", "create", "understand", "manage")  # one reply, its fifth word varied: a stock reply at 4 words, not at 6
-    varying = Scripted(answer=lambda a, p: f"I'm here to help you {verbs[len(p) % 4]} what matters to you.", label=lambda p, r: "positive")
+    seen: dict[str, int] = {}  # each verb for two of the 8 requests, whatever the requests' texts
+    varying = Scripted(answer=lambda a, p: f"I'm here to help you {verbs[seen.setdefault(p, len(seen)) % 4]} what matters to you.",
+                       label=lambda p, r: "positive")
     for opening, rate in ((6, 0.0), (4, 1.0)):
         _, phases = _session(varying, grpo={"prompts_per_step": 8}, data={"benign_share": 0.5},
                              rewards={"generic_penalty": 1.5, "generic_opening": opening})

@@ -186,7 +186,8 @@ class RunData:
         for i in range(min(k, len(pool))):
             rows = by[classes[i % len(classes)]]
             fresh = [r for r in rows if r.get("iteration") == self.pairs.iteration]
-            if fresh_share and fresh and random.random() < fresh_share:
+            # no draw where every row is fresh (eval's warm start): its batches stay those of a recipe without it
+            if fresh_share and 0 < len(fresh) < len(rows) and random.random() < fresh_share:
                 rows = fresh
             out.append(rows[random.randrange(len(rows))])
         return out
