@@ -205,3 +205,6 @@ def test_each_warm_start_trains_its_role_at_its_own_rate_or_the_roles():
     inherited = TriPlay(build_recipe({"phases": {"blue": {"lr": 3e-4}, "blue_warmup": {"steps": 2}}, "data": {"benign_share": 0.5}}))
     assert inherited.phase_lr("blue_warmup") == 3e-4 and inherited.phase_lr("red") == inherited.recipe.grpo.lr
     assert TriPlay(build_recipe({"phases": {"eval_warmup": {"steps": 2, "lr": 2e-3}}})).phase_lr("eval_warmup") == 2e-3
+    decay = TriPlay(build_recipe({"phases": {"eval_warmup": {"steps": 5, "lr": 1e-3, "lr_end": 2e-4}}}))
+    assert [round(decay.phase_lr("eval_warmup", s, 5), 6) for s in range(1, 6)] == [1e-3, 8e-4, 6e-4, 4e-4, 2e-4]
+    assert decay.phase_lr("eval", 3, 5) == decay.recipe.grpo.lr  # eval's later phases keep their rate

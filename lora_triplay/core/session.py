@@ -316,7 +316,7 @@ class Session:
         self.engine.wake_up()  # rollouts: the engine gets its memory back
         result: StepResult = self.game.step(phase, it, st["step"] + 1)
         learner = self.learners[role]
-        learner.lr = self.game.phase_lr(phase)  # from the recipe: the same after a resume
+        learner.lr = self.game.phase_lr(phase, st["step"] + 1, total)  # from the recipe: the same after a resume
         t1 = time.perf_counter()
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
         stats = learner.step(self._my_groups(result.samples), self._my_block(result.examples), result.smoothing) \

@@ -95,9 +95,10 @@ class Game:
     def lr_of(self, role: str) -> float:
         return self.recipe.grpo.lr
 
-    def phase_lr(self, phase: str) -> float:
-        """The learning rate of `phase`'s updates (a phase may train its role
-        at a rate of its own); default its role's."""
+    def phase_lr(self, phase: str, step: int = 1, steps: int = 1) -> float:
+        """The learning rate of `phase`'s update `step` of `steps` (a phase
+        may train its role at a rate, or a schedule, of its own); default its
+        role's."""
         return self.lr_of(self.role_of(phase))
 
     def max_new_tokens_of(self, role: str) -> int:

@@ -55,9 +55,16 @@ class TriPlay(Game):
     def lr_of(self, role: str) -> float:
         return config.role_lr(self.recipe, role)
 
-    def phase_lr(self, phase: str) -> float:
-        """The phase's own rate (a warm start's `lr`), else its role's (phases.<role>.lr, else grpo.lr)."""
-        return getattr(self.recipe.phases, phase).lr or self.lr_of(self.role_of(phase))
+    def phase_lr(self, phase: str, step: int = 1, steps: int = 1) -> float:
+        """The phase's own rate (a warm start's `lr`), else its role's
+        (phases.<role>.lr, else grpo.lr); eval's warm start falls linearly to
+        `lr_end` over its steps where that is set."""
+        cfg = getattr(self.recipe.phases, phase)
+        lr = cfg.lr or self.lr_of(self.role_of(phase))
+        end = getattr(cfg, "lr_end", None)
+        if end is None or steps <= 1:
+            return lr
+        return lr + (end - lr) * (min(step, steps) - 1) / (steps - 1)
 
     def max_new_tokens_of(self, role: str) -> int:
         return config.max_new_tokens_of(self.recipe, role)
