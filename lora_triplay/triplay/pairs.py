@@ -114,4 +114,3 @@ def spread(rows: list[dict], k: int, rng: random.Random) -> list[dict]:
             if by[key] and len(out) < k:
                 out.append(by[key].pop())
     return out
-
