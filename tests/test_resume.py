@@ -20,7 +20,7 @@ model: {{base: "{base}", device: cpu, dtype: float32}}
 lora: {{rank: 4, alpha: 8}}
 iterations: 2
 run: {{checkpoint_every: {every}}}
-phases: {{red: {{steps: {red_steps}}}, blue: {{steps: 2}}, eval: {{steps: 2}}, eval_warmup: {{steps: {warmup}, pairs: 6}}}}
+phases: {{red: {{steps: {red_steps}}}, blue: {{steps: 2}}, eval: {{steps: 2}}, eval_warmup: {{steps: {warmup}, pairs: 6, average_last: 2}}}}
 data: {{benign_share: {benign}}}
 grpo: {{group_size: 4, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}}
 rewards: {{judge_mode: choice, embedding_model: hashing}}
@@ -69,7 +69,7 @@ def runs(request, tmp_path_factory, tiny_model_dir):
     """Commit every step, and every 3 steps (red runs 4 steps then: one
     commit mid-phase, one at its end; kills between commits lose steps
     that the resume must redo exactly). The second also has eval's warm
-    start, blue's benign stream and control.py's adaptive phases and drift
+    start (ending on the mean of its two steps' weights), blue's benign stream and control.py's adaptive phases and drift
     checks, and a league of past adapters, whose cursors, pools and decisions
     must resume too."""
     every = request.param

@@ -35,6 +35,7 @@ from ..recipe import (
     build_recipe,
     diff_recipes,
 )
+from ..training.averaging import add_to_tail, take_tail_average
 from ..training.grpo import GrpoLearner
 from ..training.logprobs import LogprobComputer, logit_transform
 from ..training.sharding import is_sharded
@@ -321,6 +322,7 @@ class Session:
         self.engine.sleep()  # the policy update gets the engine's memory (vLLM sleep mode)
         stats = learner.step(self._my_groups(result.samples), self._my_block(result.examples), result.smoothing) \
             if result.samples or result.examples else None
+        averaged = self._tail_average(phase, learner, st["step"] + 1, total)
         t2 = time.perf_counter()
         if stats is not None and stats.skipped and learner.nonfinite_in_a_row:
             log.warning("step skipped: non-finite loss or gradient (%d in a row)", learner.nonfinite_in_a_row)
@@ -329,7 +331,7 @@ class Session:
                     f"{learner.nonfinite_in_a_row} GRPO steps in a row had a NaN/inf loss or gradient in phase {phase}; "
                     "lower grpo.lr or raise grpo.max_grad_norm; the adapters on disk are from the last good step"
                 )
-        if stats is not None and not stats.skipped:
+        if (stats is not None and not stats.skipped) or averaged:
             self.engine.sync_adapter(self.game.roles[role])  # vLLM: new adapter version; hf: shared weights
         t3 = time.perf_counter()
         st["step"] += 1
@@ -344,6 +346,8 @@ class Session:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
                        grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped,
                        **{k: stats.extra[k] for k in ("ce_loss", "ce_accuracy") if k in stats.extra}, lr=learner.last_lr)
+            if averaged:
+                row["tail_averaged_steps"] = averaged
             if result.after_update is not None and not stats.skipped:
                 row.update({k: round(v, 6) for k, v in result.after_update(stats.extra).items()})
         # Data rows are appended every step (a resume cuts them back to the
@@ -372,6 +376,17 @@ class Session:
             self.store.prune(role, keep=self.store.path(st["checkpoints"][role]))
         self.game.commit_step(result)
         self.hooks.step_done(row)
+
+    def _tail_average(self, phase: str, learner: GrpoLearner, step: int, total: int) -> int:
+        """A phase whose weights end as the mean over its last steps
+        (`Game.average_last`): fold this step's weights in, and on the
+        phase's last step put the mean in place. Returns the steps averaged
+        (0 on every other step)."""
+        tail = self.game.average_last(phase)
+        if not tail or step <= total - tail:
+            return 0
+        add_to_tail(learner.optimizer, learner.params)
+        return take_tail_average(learner.optimizer, learner.params) if step >= total else 0
 
     def _after_phase(self, it: int, phase: str) -> None:
         """The game's rows at a phase's end (TriPlay: control decisions, the

@@ -101,6 +101,12 @@ class Game:
         role's."""
         return self.lr_of(self.role_of(phase))
 
+    def average_last(self, phase: str) -> int:
+        """How many of `phase`'s last steps its role's weights are averaged
+        over at the phase's end (training/averaging.py); 0: the last step's
+        weights, as trained."""
+        return 0
+
     def max_new_tokens_of(self, role: str) -> int:
         return self.recipe.grpo.max_new_tokens
 

@@ -65,6 +65,11 @@ class WarmupConfig(_Strict):
         "warm start gave 68% on the labelled set with one batch order and 61% with another (`negative` recall 89% "
         "against 11%, 2026-12-03)"
     )
+    average_last: int = Field(
+        0, ge=0, description="eval ends its warm start on the mean of its weights after the last N steps (tail "
+        "averaging; 0: the last step's weights). Why: the same answer, not the last batches, decides where eval starts "
+        "(measurement: recipes/cpu-evidence.yaml)"
+    )
     objective: Literal["grpo", "sft", "sft+grpo"] = Field(
         "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels"
     )

@@ -66,6 +66,11 @@ class TriPlay(Game):
             return lr
         return lr + (end - lr) * (min(step, steps) - 1) / (steps - 1)
 
+    def average_last(self, phase: str) -> int:
+        """Eval's warm start may end on the mean of its last weights
+        (`phases.eval_warmup.average_last`)."""
+        return getattr(getattr(self.recipe.phases, phase), "average_last", 0)
+
     def max_new_tokens_of(self, role: str) -> int:
         return config.max_new_tokens_of(self.recipe, role)
 
