@@ -8,8 +8,9 @@ One session of recipes/cpu-evidence.yaml makes the warm start's data once
 weights and a fresh optimizer and learns the same pairs for
 `phases.eval_warmup.steps` steps; the adapter is kept after every step and
 checked on the labelled answer set (never trained on) as:
-  last      the last step's weights (what a run uses today)
-  tail-K    the mean of the last K steps' weights (K = a third and a half of the steps)
+  last      the last step's weights (phases.eval_warmup.average_last 0)
+  tail-K    the mean of the last K steps' weights (K = a third and a half of the
+            steps; cpu-evidence.yaml's average_last 15 is tail-15)
   ema-D     an exponential moving average with decay D
 Every variant's choice probabilities on the gold set and on the run's own
 held-out slice go to the JSON, so other read-outs can be computed offline.
@@ -63,7 +64,8 @@ def main() -> None:
     args = ap.parse_args()
     steps_off = [f"phases.{p}.steps=0" for p in ("red", "blue", "eval", "blue_warmup")]
     recipe = load_recipe(ROOT / "recipes" / "cpu-evidence.yaml",
-                         [f"seed={args.seed}", "iterations=1", "phases.eval_warmup.steps=1", *steps_off, *args.set])
+                         [f"seed={args.seed}", "iterations=1", "phases.eval_warmup.steps=1", *steps_off, *args.set,
+                          "phases.eval_warmup.average_last=0"])  # the variants below are computed here, not by the session
     full = load_recipe(ROOT / "recipes" / "cpu-evidence.yaml", [f"seed={args.seed}", *args.set])
     steps, cfg = full.phases.eval_warmup.steps, full.phases.eval_warmup
     work = Path(args.work) / f"seed-{args.seed}"
