@@ -69,10 +69,17 @@ VARIANTS = {
     # wider: every builtin benign request (112) and as many harmful ones in the warm start, a quarter of each
     # batch refusals (does more benign coverage keep blue from refusing by topic?)
     "warm-only-wide": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.harmful_share=0.25"],
+    # longer: 64 steps where the recipe has 16 (~8 passes over the kept answers, not ~2). A linear probe on the
+    # base's hidden states (bench/harm_probe.py) separates JBB harmful from benign far better than blue does:
+    # is the warm start too short to learn the boundary it teaches?
+    "warm-only-long": WARM_ONLY + ["phases.blue_warmup.steps=64"],
+    # both: every builtin request, 64 steps (~2.5 passes over ~200 kept answers), half of each batch refusals
+    "warm-only-wide-long": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
-                  "warm-only-light": "blue", "warm-only-wide": "blue"}  # what each run is about
+                  "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
+                  "warm-only-wide-long": "blue"}  # what each run is about
 MAX_NEW = 40
 
 
