@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import time
 from pathlib import Path
@@ -36,13 +35,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_io import read_jsonl, save_results  # noqa: E402
+
 from lora_triplay.bases import resolve_base  # noqa: E402
 
 PROMPTS = ROOT / "lora_triplay" / "triplay" / "prompts"
 
 
 def jsonl_prompts(path: Path) -> list[str]:
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    return [row["prompt"] for row in read_jsonl(path)]
 
 
 def csv_column(path: Path, column: str, where: tuple[str, str] | None = None) -> list[str]:
@@ -71,6 +72,7 @@ def features(model, tok, prompts: list[str], layers: list[int], system: str) -> 
 
 
 def scores(x_train, y_train, x_test):
+    # scikit-learn comes with sentence-transformers (the embedding judge's dependency)
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -142,9 +144,7 @@ def main() -> None:
         print(f"layer {k}: " + "; ".join(f"{n} AUC {v['auc']} acc {v['accuracy']} benign@80 {v['benign_refused_at_80pct_harmful']}"
                                          for n, v in row.items()), flush=True)
     result["seconds"] = round(time.time() - t0, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"saved {args.out} ({result['seconds']} s)")
+    save_results(args.out, result, f" ({result['seconds']} s)")
 
 
 if __name__ == "__main__":
