@@ -214,16 +214,17 @@ class HashingEncoder:
 class SentenceEncoder:
     """A sentence-transformers model as an ``Encoder`` callable.
 
-    Texts of equal token length go through the model together, in batches
-    of up to ``batch_size``: with no padding, a row's embedding does not
-    depend on its batch-mates (bit-identical to one text per forward on the
-    CPU, where the game runs it: tests/test_diversity.py), so the pool a
-    resume rebuilds scores exactly as the one that was running. Padding
-    would shift a text by ~1e-7 with its batch-mates. 256 candidates: 4.0 s
-    against 5.2 s one at a time (bench_diversity.py, 2026-12-01).
-    ``batch_size=1`` is one text per forward."""
+    One text per forward by default, so a text's embedding never depends on
+    what else is in the call and the pool a resume rebuilds (all texts in one
+    call) scores bit for bit as the running one (a step's candidates per
+    call). ``batch_size`` > 1 batches texts of equal token length (no
+    padding: padding shifted a text by ~1e-7 with its batch-mates): exact on
+    the AVX2 machine of 2026-12-01 (256 texts in 4.0 s against 5.2 s), but
+    not on the AVX-512 one of 2026-12-03, whose GEMM takes another path for
+    more rows (91 of 256 texts off by up to 1.8e-7; 0.83 s against 2.0 s).
+    A run encodes a few dozen texts a step, so exactness wins."""
 
-    def __init__(self, model, batch_size: int = 64):
+    def __init__(self, model, batch_size: int = 1):
         self.model = model
         self.batch_size = batch_size
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
