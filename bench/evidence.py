@@ -75,11 +75,21 @@ VARIANTS = {
     "warm-only-long": WARM_ONLY + ["phases.blue_warmup.steps=64"],
     # both: every builtin request, 64 steps (~2.5 passes over ~200 kept answers), half of each batch refusals
     "warm-only-wide-long": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64"],
+    # every kept benign answer opens with "Sure!", as every kept refusal opens with "I can't help": the first
+    # token becomes a choice between two openings (bench/refusal_margin.py: greedy refused 55% of JBB benign
+    # where samples refused 37%, with 33% of the first token's mass on the refusal's "I")
+    "warm-only-sure": WARM_ONLY + ["phases.blue_warmup.benign_opening=Sure!"],
+    # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
+    "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],
+    # the main run with it
+    "main-contrast-s0": ["seed=0", "phases.blue_warmup.refusal_contrast=true"],
+    "main-contrast-s1": ["seed=1", "phases.blue_warmup.refusal_contrast=true"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
-                  "warm-only-wide-long": "blue"}  # what each run is about
+                  "warm-only-wide-long": "blue", "warm-only-sure": "blue",
+                  "warm-only-contrast": "blue"}  # what each run is about
 MAX_NEW = 40
 
 
@@ -294,6 +304,7 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(MAIN), help=f"of {', '.join(RUNS)}")
     ap.add_argument("--ablations", action="store_true", help=f"the ablations ({', '.join(ABLATIONS)}) instead of --runs")
     ap.add_argument("--stages", default="prepare,train,eval,report")
+    ap.add_argument("--out", default=str(OUT), help="the report's folder (a probe's own, to keep the committed evidence)")
     args = ap.parse_args()
     work, stages = Path(args.work), args.stages.split(",")
     names = list(ABLATIONS) if args.ablations else [n for n in args.runs.split(",") if n]
@@ -316,7 +327,7 @@ def main() -> None:
         from report_evidence import report
 
         done = [n for n in RUNS if (work / "eval" / n / "rules.json").is_file()]
-        report(work, done, RECIPE, OUT, RUNS)
+        report(work, done, RECIPE, Path(args.out), RUNS)
     (work / "evidence-minutes.json").write_text(json.dumps({"stages": stages, "runs": names, "minutes": round((time.time() - t0) / 60, 1)}) + "\n")
     log(f"evidence ({', '.join(names)}): {(time.time() - t0) / 60:.1f} min")
 

@@ -205,3 +205,14 @@ def test_every_evidence_run_is_a_valid_recipe(monkeypatch):
     warm = load_recipe(RECIPE, RUNS["warm-only"])  # blue's warm start and nothing after it
     assert warm.phases.blue_warmup.steps > 0 and warm.iterations == 1
     assert (warm.phases.red.steps, warm.phases.blue.steps, warm.phases.eval.steps, warm.phases.eval_warmup.steps) == (0, 0, 0, 0)
+
+
+def test_refusal_margin_auc_counts_ties_half(monkeypatch):
+    """bench/refusal_margin.py: how well blue's refusal tells harmful from
+    benign, whatever its rate (a blue refusing everything alike scores 0.5)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from refusal_margin import auc
+
+    assert auc([1.0, 1.0], [1.0, 1.0]) == 0.5  # refuses all: tells nothing
+    assert auc([0.9, 0.8], [0.1, 0.2]) == 1.0
+    assert auc([0.5, 0.1], [0.5, 0.2]) == (0.5 + 1 + 0 + 0) / 4

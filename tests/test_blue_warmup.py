@@ -12,6 +12,7 @@ from lora_triplay.core.store import RunStore
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig, build_recipe
 from lora_triplay.training.grpo import GrpoLearner
+from lora_triplay.training.supervised import ChoiceExample
 from lora_triplay.triplay.blue_warmup import batch_of, echoes, first_sentence, keep, safe_alternative
 from lora_triplay.triplay.config import phases_of
 from lora_triplay.triplay.loop import Phases
@@ -136,6 +137,32 @@ def test_the_warm_start_keeps_guided_refusals_cut_short_and_helpful_answers(role
     assert [e.choices for e in again.examples] == [e.choices for e in later.examples]
 
 
+def test_a_benign_opening_is_forced_and_learnt_with_each_helpful_answer(role_model, tmp_path):
+    # every kept refusal opens alike; with `benign_opening` every kept helpful answer does too, so blue's
+    # first token becomes a choice between two openings (bench/refusal_margin.py)
+    _, tok = role_model
+    engine = Tokenizing(tok)
+    s, phases = _session(engine, data={"benign_share": 0.5, "raw_share": 0.5},
+                         phases={"blue_warmup": {"steps": 1, "prompts": 8, "prompts_per_step": 4, "benign_opening": "Sure!"}})
+    s.session.store = RunStore(tmp_path).create()
+    for b in s.data.basic:
+        object.__setattr__(b, "prompt", b.prompt + " (harmful)")
+    kept = phases.blue_warmup.step(1, 1).rows["blue_sft"]
+    benign = [x for x in kept if x["kind"] == "benign"]
+    assert len(benign) == 4
+    assert all(x["response"] == "Sure!Here is a safe and useful answer with enough words to count as help." for x in benign)
+    opening = tok.encode("Sure!", add_special_tokens=False)
+    assert all(x["completion_ids"] == opening + [3, 4] for x in benign)  # the forced words, then the sampled tokens
+    asked = {r.prefix for r in engine.requests if r.adapter == "blue"}
+    assert asked == {GUIDE, "Sure!"}
+    # a continuation that refuses after the opening is not kept
+    engine.answer = lambda adapter, user: " I'm sorry, I can't help with that." if "harmful" not in user and "wrapped" not in user \
+        else " talk to a counselor you trust."
+    s.session.store = RunStore(tmp_path / "again").create()
+    phases.blue_warmup.kept = []
+    assert not [x for x in phases.blue_warmup.step(1, 1).rows["blue_sft"] if x["kind"] == "benign"]
+
+
 def test_a_refusal_that_goes_on_to_harm_is_not_kept(role_model, tmp_path):
     _, tok = role_model
     engine, s, phases = _warm_session(tok, tmp_path)
@@ -189,6 +216,36 @@ def test_the_warm_start_update_lowers_blue_loss_and_moves_blue_alone(role_model,
     mine = set(adapter_parameters(model, "blue"))
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]) != (name in mine), name
+
+
+def test_a_refusal_contrast_sets_each_benign_answer_against_a_kept_refusal_and_learning_it_ranks_them(role_model, tmp_path):
+    model, tok = role_model
+    engine = Tokenizing(tok)
+    s, phases = _session(engine, data={"benign_share": 0.5, "raw_share": 0.5},
+                         phases={"blue_warmup": {"steps": 1, "prompts": 8, "prompts_per_step": 4, "refusal_contrast": True}})
+    s.session.store = RunStore(tmp_path).create()
+    for b in s.data.basic:
+        object.__setattr__(b, "prompt", b.prompt + " (harmful)")
+    result = phases.blue_warmup.step(1, 1)
+    kept, examples = result.rows["blue_sft"], result.examples
+    plain, contrast = examples[:4], examples[4:]
+    assert all(len(e.choices) == 1 for e in plain)
+    batch = batch_of(kept, 4, s.recipe.seed, 1)
+    benign = [x for x in batch if x["kind"] == "benign"]
+    refusals = [x["completion_ids"] for x in kept if x["kind"] == "harmful"]
+    assert len(contrast) == len(benign) == 2  # one per benign answer of the batch, none for a refusal
+    for e, x in zip(contrast, benign):
+        assert e.gold == 0 and e.choices[0] == x["completion_ids"] and e.choices[1] in refusals
+        assert e.prompt_ids == engine.encode(blue_messages(x["asked"]))
+    assert [e.choices for e in phases.blue_warmup.step(1, 1).examples[4:]] == [e.choices for e in contrast]  # seeded
+    # the scripted answer (two tokens) is far likelier than a refusal: no loss where a refusal does not compete
+    learner = GrpoLearner(model, activate(model, "blue"), GrpoConfig(beta=0.0), lr=2e-2, pad_id=tok.pad_token_id)
+    assert learner.step([], contrast).extra["ce_loss"] < 1e-3
+    # where it does (here the gold is the longer answer), learning a mixed batch (plain answers and contrasts
+    # in one step) lowers both losses
+    competing = [ChoiceExample(e.prompt_ids, e.choices, 1, "benign") for e in contrast]
+    mixed = [learner.step([], plain + competing).extra for _ in range(4)]
+    assert mixed[-1]["ce_loss"] < mixed[0]["ce_loss"] - 1.0, [m["ce_loss"] for m in mixed]
 
 
 def test_the_recipe_orders_the_warm_starts():

@@ -4,8 +4,9 @@ A judge in choice mode answers with the label string whose sequence
 log-probability (label tokens + EOS) is highest. Its supervised objective is
 that same quantity: the softmax of the sequence log-probs over the label set,
 and the cross-entropy with the gold label (with optional label smoothing).
-An example with a single choice (a judge that writes its answer) is plain
-teacher forcing: the mean token NLL of the gold label line.
+An example with a single choice (a judge that writes its answer, a role's
+warm-start answer) is plain teacher forcing: the mean token NLL of its one
+line; one batch may hold both kinds.
 
 Why at all, when the paper trains eval with GRPO: on a few hundred labels a
 small eval trained by GRPO collapsed onto one label for long stretches
@@ -53,6 +54,18 @@ def _chunks(examples: list[ChoiceExample], layout: str, max_tokens: int | None) 
     return out
 
 
+def _by_width(chunk: list[ChoiceExample]) -> list[tuple[int, list[ChoiceExample]]]:
+    """Runs of consecutive examples with the same number of choices (a
+    warm start may mix plain answers with answers set against a contrast)."""
+    runs: list[tuple[int, list[ChoiceExample]]] = []
+    for ex in chunk:
+        if runs and runs[-1][0] == len(ex.choices):
+            runs[-1][1].append(ex)
+        else:
+            runs.append((len(ex.choices), [ex]))
+    return runs
+
+
 def choice_cross_entropy(seq_logp: torch.Tensor, gold: torch.Tensor, smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example loss and the most likely choice (what the judge answers
     now), for `seq_logp` (examples, choices) of summed log-probs."""
@@ -86,18 +99,21 @@ def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float
         rows = [_Row(ex.prompt_ids, c) for ex in chunk for c in ex.choices]
         out = learner._logprobs(rows, layout)
         seq = (out.logp * out.cmask).sum(-1)
-        gold = torch.tensor([ex.gold for ex in chunk], device=device)
-        if all(len(ex.choices) == 1 for ex in chunk):  # teacher forcing on the one label line
-            loss = -(seq / out.cmask.sum(-1).clamp(min=1))
-            right = torch.ones_like(loss, dtype=torch.bool)
-        else:
-            width = len(chunk[0].choices)
-            if any(len(ex.choices) != width for ex in chunk):
-                raise ValueError("choice examples in one batch need the same number of choices")
-            loss, picked = choice_cross_entropy(seq.view(len(chunk), width), gold, smoothing)
-            right = picked == gold
+        losses, rights, at = [], [], 0
+        for width, group in _by_width(chunk):  # consecutive examples with as many choices
+            lo, at = at, at + len(group) * width
+            part = seq[lo:at]
+            if width == 1:  # teacher forcing on the one answer: its mean token NLL
+                losses.append(-(part / out.cmask[lo:at].sum(-1).clamp(min=1)))
+                rights.append(torch.ones(len(group), dtype=torch.bool, device=device))
+                continue
+            gold = torch.tensor([ex.gold for ex in group], device=device)
+            loss, picked = choice_cross_entropy(part.view(len(group), width), gold, smoothing)
+            losses.append(loss)
+            rights.append(picked == gold)
             for k in picked.tolist():
                 totals[f"ce_pick_{k}"] = totals.get(f"ce_pick_{k}", 0.0) + 1.0
+        loss, right = torch.cat(losses), torch.cat(rights)
         (loss.sum() / n_all).backward()
         totals["ce_loss"] += loss.sum().item()
         totals["ce_correct"] += right.float().sum().item()

@@ -14,7 +14,7 @@ answered under the `guide` style (templates.yaml: decline, then a safe
 alternative; its opening words forced, since a 135M base ignores a system
 prompt; kept up to the alternative's first sentence, `first_sentence`, which
 must name guidance itself, `safe_alternative`), benign ones under blue's own
-system prompt. `candidates` answers each; the first one the rule expert
+system prompt (after `benign_opening`, if the recipe sets one). `candidates` answers each; the first one the rule expert
 (judging/refusals.py) calls `positive`, and that neither loops nor is
 near-empty, is kept. Every step: blue learns a
 batch of kept answers by cross-entropy on their tokens, prompted with its own
@@ -71,6 +71,8 @@ class BlueWarmup:
         batch = batch_of(kept, cfg.prompts_per_step, game.recipe.seed, step, cfg.harmful_share)
         engine = game.engine
         examples = [ChoiceExample(engine.encode(blue_messages(x["asked"])), [x["completion_ids"]], 0, x["kind"]) for x in batch]
+        if cfg.refusal_contrast:
+            examples += contrasts(batch, kept, game.recipe.seed, engine)
         metrics.update({"kept_answers": float(len(kept)), "batch_harmful_share": mean([float(x["kind"] == "harmful") for x in batch]),
                         "completion_tokens": mean([len(x["completion_ids"]) for x in batch])})
         transcripts = [{"phase": "blue_warmup", "iteration": iteration, "step": step, "kind": x["kind"], "prompt": x["asked"],
@@ -88,7 +90,7 @@ class BlueWarmup:
         asked = [(basic, x, kind) for basic, x, kind, _ in self.p.blue_prompts(cfg.prompts)]
         sampling = Sampling(max_new_tokens=self.p.sampling["blue"].max_new_tokens, temperature=cfg.temperature,
                             top_p=r.grpo.top_p, repetition_penalty=r.grpo.repetition_penalty)
-        openings = [warmup_opening(STYLE[kind]) for _, _, kind in asked]
+        openings = [warmup_opening(STYLE[kind]) if kind == "harmful" else cfg.benign_opening for _, _, kind in asked]
         answers = self.p.generate("blue", [Request("blue", styled_blue_messages(x, STYLE[kind]), n=cfg.candidates, prefix=o)
                                            for (_, x, kind), o in zip(asked, openings)], sampling)
         engine = game.engine
@@ -99,8 +101,9 @@ class BlueWarmup:
                     rest = first_sentence(c.text)
                     text = opening + rest if safe_alternative(rest) and not echoes(rest, warmup_instruction(STYLE[kind])) else ""
                     ids = engine.choice_ids(text)  # EOS appended: blue learns to stop there
-                else:  # its own answer under its own prompt (no opening), as sampled (EOS included where it ended)
-                    text, ids = c.text, list(c.token_ids)
+                else:  # its own answer under its own prompt (after benign_opening, if any), as sampled (EOS included where it ended)
+                    text = opening + c.text
+                    ids = (engine.tokenizer.encode(opening, add_special_tokens=False) if opening else []) + list(c.token_ids)
                 if text and keep(text, kind):
                     kept.append({"basic": basic, "asked": x, "kind": kind, "style": STYLE[kind], "response": text,
                                  "completion_ids": ids, "iteration": iteration})
@@ -110,6 +113,26 @@ class BlueWarmup:
             if mine:
                 metrics[f"{kind}_kept_share"] = sum(k["kind"] == kind for k in kept) / len(mine)
         return kept, metrics
+
+
+def contrasts(batch: list[dict], kept: list[dict], seed: int, engine) -> list[ChoiceExample]:
+    """Each benign answer of the batch set against a kept refusal (to
+    another request, picked by a seed and the request, so a resumed run
+    draws the same): gold is the answer. Why: plain cross-entropy on the
+    refusals teaches blue to refuse by topic (the warm start alone refused
+    45-55% of the held-out benign requests), and the benign answers, which
+    the base already wrote, teach it little against that; this loss grows
+    where a refusal of a benign request becomes likely."""
+    refusals = [x for x in kept if x["kind"] == "harmful"]
+    if not refusals:
+        return []
+    out = []
+    for x in batch:
+        if x["kind"] == "benign":
+            refusal = refusals[random.Random(f"{seed}:contrast:{x['asked']}").randrange(len(refusals))]
+            out.append(ChoiceExample(engine.encode(blue_messages(x["asked"])), [x["completion_ids"], refusal["completion_ids"]], 0,
+                                     "benign"))
+    return out
 
 
 def first_sentence(text: str, min_words: int = 3) -> str:

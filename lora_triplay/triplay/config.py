@@ -98,6 +98,14 @@ class BlueWarmupConfig(_Strict):
                                  "requests (the rest helpful answers to benign ones), where both kinds were kept")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of the candidates")
     lr: float | None = Field(None, gt=0, description="the warm start's rate (default phases.blue.lr, else grpo.lr)")
+    refusal_contrast: bool = Field(False, description="each benign answer of a batch is also learnt against a refusal "
+                                   "(one of the kept ones, to another request): cross-entropy over the two answers' "
+                                   "sequence log-probs, which pushes a refusal below the answer where it competes "
+                                   "(over-refusal) and costs nothing where it does not")
+    benign_opening: str = Field("", description="words every kept answer to a benign request starts with (forced while "
+                                "sampling, learnt with it), e.g. 'Sure!': every refusal blue learns opens alike, so without "
+                                "one greedy decoding takes the refusal's first token wherever no single helpful opening "
+                                "outweighs it (bench/refusal_margin.py)")
 
 
 class PhasesConfig(_Strict):
