@@ -53,7 +53,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from results_io import save_results
+from results_io import median_time, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -108,15 +108,6 @@ class TextMaker:
 
 
 # ---------------------------------------------------------------- helpers
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def exponent(t1: float, t2: float, n1: int, n2: int) -> float:
     return math.log(t2 / t1) / math.log(n2 / n1)
 

@@ -50,7 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import save_results
+from results_io import call_times, save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -76,13 +76,7 @@ def measure_gflops(shapes, repeats: int = 20) -> dict:
             kernels["onednn "] = lambda: fastgemm._onednn(a, w, None)
         for prefix, fn in kernels.items():
             with torch.no_grad():
-                for _ in range(3):
-                    fn()
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
+                times = call_times(fn, repeats, warm=3)
             best[f"{prefix}{m}x{k}@{k}x{n}"] = round(2 * m * k * n / min(times) / 1e9, 1)
     return best
 

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import save_results
+from results_io import call_times, save_results
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -53,13 +53,8 @@ NEW_TOKENS = 16
 
 
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    """One untimed warm-up call, then the median of `repeats` timed calls."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    """One untimed warm-up call, then the median of `repeats` timed calls (and all of them)."""
+    times = call_times(fn, repeats, warm=1)
     return statistics.median(times), times
 
 

@@ -17,29 +17,18 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from results_io import save_results  # noqa: E402
+from results_io import median_time, save_results  # noqa: E402
 
 from lora_triplay.core.runs import open_run  # noqa: E402
 from lora_triplay.engine.base import Request, Sampling  # noqa: E402
 from lora_triplay.triplay.roles import eval_messages  # noqa: E402
 
 LABELS = ("Label: negative", "Label: rejective", "Label: positive")
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -61,9 +50,9 @@ def main() -> None:
     res = {"run": args.run, "pairs": len(msgs), "prompt_tokens_mean": statistics.mean(lengths),
            "shared_prefix_tokens": next((i for i, t in enumerate(zip(*[eng.encode(m) for m in msgs[:2]])) if t[0] != t[1]), None)}
     greedy = Sampling(max_new_tokens=1, temperature=0.0)
-    res["three_labels_s"] = timed(lambda: eng.generate([Request(adapter, m, 1, LABELS) for m in msgs], greedy), args.repeats)
-    res["one_label_s"] = timed(lambda: eng.generate([Request(adapter, m, 1, LABELS[:1]) for m in msgs], greedy), args.repeats)
-    res["prefill_one_token_s"] = timed(lambda: eng.generate([Request(adapter, m) for m in msgs], greedy), args.repeats)
+    res["three_labels_s"] = median_time(lambda: eng.generate([Request(adapter, m, 1, LABELS) for m in msgs], greedy), args.repeats, warm=1)
+    res["one_label_s"] = median_time(lambda: eng.generate([Request(adapter, m, 1, LABELS[:1]) for m in msgs], greedy), args.repeats, warm=1)
+    res["prefill_one_token_s"] = median_time(lambda: eng.generate([Request(adapter, m) for m in msgs], greedy), args.repeats, warm=1)
     res["prompt_tokens_per_s_prefill"] = sum(lengths) / res["prefill_one_token_s"]
     for k, v in res.items():
         print(k, round(v, 2) if isinstance(v, float) else v, flush=True)

@@ -1,8 +1,26 @@
-"""What every bench script does last: save its results as JSON."""
+"""What the bench scripts share: timing a call, saving results as JSON."""
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from pathlib import Path
+
+
+def call_times(fn, repeats: int, warm: int = 0) -> list[float]:
+    """Wall seconds of each of `repeats` calls of `fn`, after `warm` untimed ones."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median_time(fn, repeats: int, warm: int = 0) -> float:
+    return statistics.median(call_times(fn, repeats, warm))
 
 
 def save_results(out: str | Path, results: dict, note: str = "") -> Path:
