@@ -14,14 +14,15 @@ answered under the `guide` style (templates.yaml: decline, then a safe
 alternative; its opening words forced, since a 135M base ignores a system
 prompt; kept up to the alternative's first sentence, `first_sentence`, which
 must name guidance itself, `safe_alternative`), benign ones under blue's own
-system prompt (after `benign_opening`, if the recipe sets one). `candidates` answers each; the first one the rule expert
-(judging/refusals.py) calls `positive`, and that neither loops nor is
-near-empty, is kept. Every step: blue learns a
-batch of kept answers by cross-entropy on their tokens, prompted with its own
-system prompt, as if it had written them unasked, so the behaviour survives
-without the style prompt. The kept answers go to `blue_sft.jsonl` (a resumed
-run reads them back, game.restore; they are generated text and stay in the
-run folder).
+system prompt (after `benign_opening`, if the recipe sets one). `candidates`
+answers each; the first one the rule expert (judging/refusals.py) calls
+`positive`, and that neither loops nor is near-empty, is kept. Every step:
+blue learns a batch of kept answers by cross-entropy on their tokens,
+prompted with its own system prompt, as if it had written them unasked
+(`refusal_contrast`: each benign answer also against a kept refusal), so the
+behaviour survives without the style prompt. The kept answers go to
+`blue_sft.jsonl` (a resumed run reads them back, game.restore; they are
+generated text and stay in the run folder).
 """
 from __future__ import annotations
 
@@ -122,7 +123,10 @@ def contrasts(batch: list[dict], kept: list[dict], seed: int, engine) -> list[Ch
     refusals teaches blue to refuse by topic (the warm start alone refused
     45-55% of the held-out benign requests), and the benign answers, which
     the base already wrote, teach it little against that; this loss grows
-    where a refusal of a benign request becomes likely."""
+    where a refusal of a benign request becomes likely. Measured 2026-12-03
+    (bench/refusal_margin.py, seed 0): it lowers how often blue refuses
+    (held-out over-refusal 15% against 47%, JBB ASR 75% against 7.5%),
+    not when (AUC harmful vs benign ~0.73 with or without it)."""
     refusals = [x for x in kept if x["kind"] == "harmful"]
     if not refusals:
         return []

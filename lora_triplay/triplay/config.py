@@ -103,9 +103,9 @@ class BlueWarmupConfig(_Strict):
                                    "sequence log-probs, which pushes a refusal below the answer where it competes "
                                    "(over-refusal) and costs nothing where it does not")
     benign_opening: str = Field("", description="words every kept answer to a benign request starts with (forced while "
-                                "sampling, learnt with it), e.g. 'Sure!': every refusal blue learns opens alike, so without "
-                                "one greedy decoding takes the refusal's first token wherever no single helpful opening "
-                                "outweighs it (bench/refusal_margin.py)")
+                                "sampling, learnt with it), e.g. 'Sure!', so blue's first token is a choice between two "
+                                "openings; on the 135M base (2026-12-03) blue then refused harmful and benign requests "
+                                "alike (bench/refusal_margin.py)")
 
 
 class PhasesConfig(_Strict):
