@@ -24,7 +24,6 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python bench/harm_probe.py --heldout adapters/e
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from results_io import read_jsonl, save_results  # noqa: E402
+from results_io import csv_column, read_jsonl, save_results  # noqa: E402
 
 from lora_triplay.bases import resolve_base  # noqa: E402
 
@@ -44,12 +43,6 @@ PROMPTS = ROOT / "lora_triplay" / "triplay" / "prompts"
 
 def jsonl_prompts(path: Path) -> list[str]:
     return [row["prompt"] for row in read_jsonl(path)]
-
-
-def csv_column(path: Path, column: str, where: tuple[str, str] | None = None) -> list[str]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [r[column] for r in rows if where is None or r[where[0]] == where[1]]
 
 
 def blue_system() -> str:

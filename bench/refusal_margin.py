@@ -17,7 +17,6 @@ Run: OMP_NUM_THREADS=2 .venv/bin/python bench/refusal_margin.py RUN --heldout RU
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -28,17 +27,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from results_io import save_results  # noqa: E402
+from results_io import csv_column, save_results  # noqa: E402
 
 from lora_triplay.core.runs import open_run  # noqa: E402
 from lora_triplay.engine.base import Request, Sampling  # noqa: E402
 from lora_triplay.judging.refusals import refused  # noqa: E402
 from lora_triplay.triplay.roles import blue_messages, warmup_opening  # noqa: E402
-
-
-def csv_column(path: Path, column: str, where: tuple[str, str] | None = None) -> list[str]:
-    with path.open(newline="") as f:
-        return [r[column] for r in csv.DictReader(f) if where is None or r[where[0]] == where[1]]
 
 
 @torch.no_grad()

@@ -1,6 +1,8 @@
-"""What the bench scripts share: timing a call, saving results as JSON."""
+"""What the bench scripts share: timing a call, reading a column of a
+held-out CSV, saving results as JSON."""
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 import time
@@ -21,6 +23,12 @@ def call_times(fn, repeats: int, warm: int = 0) -> list[float]:
 
 def median_time(fn, repeats: int, warm: int = 0) -> float:
     return statistics.median(call_times(fn, repeats, warm))
+
+
+def csv_column(path: str | Path, column: str, where: tuple[str, str] | None = None) -> list[str]:
+    """One column of a CSV file, of the rows whose `where` = (column, value) holds."""
+    with Path(path).open(newline="") as f:
+        return [r[column] for r in csv.DictReader(f) if where is None or r[where[0]] == where[1]]
 
 
 def save_results(out: str | Path, results: dict, note: str = "") -> Path:

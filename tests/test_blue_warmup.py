@@ -96,10 +96,11 @@ class Tokenizing(Scripted):
         return list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
 
 
-def _warm_session(tokenizer, tmp_path):
+def _warm_session(tokenizer, tmp_path, **warmup):
+    """A scripted session whose blue warm start answers 8 requests, 4 a step (`warmup`: other settings)."""
     engine = Tokenizing(tokenizer)
     s, phases = _session(engine, data={"benign_share": 0.5, "raw_share": 0.5},
-                         phases={"blue_warmup": {"steps": 3, "prompts": 8, "prompts_per_step": 4}})
+                         phases={"blue_warmup": {"steps": 3, "prompts": 8, "prompts_per_step": 4, **warmup}})
     s.session.store = RunStore(tmp_path).create()
     for b in s.data.basic:  # so the script can tell a harmful request asked as written from a benign one
         object.__setattr__(b, "prompt", b.prompt + " (harmful)")
@@ -141,12 +142,7 @@ def test_a_benign_opening_is_forced_and_learnt_with_each_helpful_answer(role_mod
     # every kept refusal opens alike; with `benign_opening` every kept helpful answer does too, so blue's
     # first token becomes a choice between two openings (bench/refusal_margin.py)
     _, tok = role_model
-    engine = Tokenizing(tok)
-    s, phases = _session(engine, data={"benign_share": 0.5, "raw_share": 0.5},
-                         phases={"blue_warmup": {"steps": 1, "prompts": 8, "prompts_per_step": 4, "benign_opening": "Sure!"}})
-    s.session.store = RunStore(tmp_path).create()
-    for b in s.data.basic:
-        object.__setattr__(b, "prompt", b.prompt + " (harmful)")
+    engine, s, phases = _warm_session(tok, tmp_path, benign_opening="Sure!")
     kept = phases.blue_warmup.step(1, 1).rows["blue_sft"]
     benign = [x for x in kept if x["kind"] == "benign"]
     assert len(benign) == 4
@@ -220,12 +216,7 @@ def test_the_warm_start_update_lowers_blue_loss_and_moves_blue_alone(role_model,
 
 def test_a_refusal_contrast_sets_each_benign_answer_against_a_kept_refusal_and_learning_it_ranks_them(role_model, tmp_path):
     model, tok = role_model
-    engine = Tokenizing(tok)
-    s, phases = _session(engine, data={"benign_share": 0.5, "raw_share": 0.5},
-                         phases={"blue_warmup": {"steps": 1, "prompts": 8, "prompts_per_step": 4, "refusal_contrast": True}})
-    s.session.store = RunStore(tmp_path).create()
-    for b in s.data.basic:
-        object.__setattr__(b, "prompt", b.prompt + " (harmful)")
+    engine, s, phases = _warm_session(tok, tmp_path, refusal_contrast=True)
     result = phases.blue_warmup.step(1, 1)
     kept, examples = result.rows["blue_sft"], result.examples
     plain, contrast = examples[:4], examples[4:]
@@ -242,7 +233,7 @@ def test_a_refusal_contrast_sets_each_benign_answer_against_a_kept_refusal_and_l
     learner = GrpoLearner(model, activate(model, "blue"), GrpoConfig(beta=0.0), lr=2e-2, pad_id=tok.pad_token_id)
     assert learner.step([], contrast).extra["ce_loss"] < 1e-3
     # where it does (here the gold is the longer answer), learning a mixed batch (plain answers and contrasts
-    # in one step) lowers both losses
+    # in one step) lowers the loss
     competing = [ChoiceExample(e.prompt_ids, e.choices, 1, "benign") for e in contrast]
     mixed = [learner.step([], plain + competing).extra for _ in range(4)]
     assert mixed[-1]["ce_loss"] < mixed[0]["ce_loss"] - 1.0, [m["ce_loss"] for m in mixed]

@@ -71,9 +71,10 @@ class BlueWarmup:
             return step_result([], {**metrics, "kept_answers": 0.0})
         batch = batch_of(kept, cfg.prompts_per_step, game.recipe.seed, step, cfg.harmful_share)
         engine = game.engine
-        examples = [ChoiceExample(engine.encode(blue_messages(x["asked"])), [x["completion_ids"]], 0, x["kind"]) for x in batch]
+        prompts = [engine.encode(blue_messages(x["asked"])) for x in batch]
+        examples = [ChoiceExample(ids, [x["completion_ids"]], 0, x["kind"]) for ids, x in zip(prompts, batch)]
         if cfg.refusal_contrast:
-            examples += contrasts(batch, kept, game.recipe.seed, engine)
+            examples += contrasts(batch, prompts, kept, game.recipe.seed)
         metrics.update({"kept_answers": float(len(kept)), "batch_harmful_share": mean([float(x["kind"] == "harmful") for x in batch]),
                         "completion_tokens": mean([len(x["completion_ids"]) for x in batch])})
         transcripts = [{"phase": "blue_warmup", "iteration": iteration, "step": step, "kind": x["kind"], "prompt": x["asked"],
@@ -116,7 +117,7 @@ class BlueWarmup:
         return kept, metrics
 
 
-def contrasts(batch: list[dict], kept: list[dict], seed: int, engine) -> list[ChoiceExample]:
+def contrasts(batch: list[dict], prompts: list[list[int]], kept: list[dict], seed: int) -> list[ChoiceExample]:
     """Each benign answer of the batch set against a kept refusal (to
     another request, picked by a seed and the request, so a resumed run
     draws the same): gold is the answer. Why: plain cross-entropy on the
@@ -131,11 +132,10 @@ def contrasts(batch: list[dict], kept: list[dict], seed: int, engine) -> list[Ch
     if not refusals:
         return []
     out = []
-    for x in batch:
+    for x, ids in zip(batch, prompts):  # prompts: each answer's prompt ids, as the plain examples have them
         if x["kind"] == "benign":
             refusal = refusals[random.Random(f"{seed}:contrast:{x['asked']}").randrange(len(refusals))]
-            out.append(ChoiceExample(engine.encode(blue_messages(x["asked"])), [x["completion_ids"], refusal["completion_ids"]], 0,
-                                     "benign"))
+            out.append(ChoiceExample(ids, [x["completion_ids"], refusal["completion_ids"]], 0, "benign"))
     return out
 
 
