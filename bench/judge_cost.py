@@ -7,7 +7,11 @@ eval adapter on 64 pairs from a run's transcripts the way the loop asks it
 (Phases.judge: forced choice over the three labels), beside the prefill
 alone (one generated token: the same prompts, no choices) and a forced
 choice with one label, so the cost of scoring three label lines after a
-shared prompt shows apart from the prompt's own.
+shared prompt shows apart from the prompt's own. The three labels are timed
+both ways the engine scores choices: as one token tree per prompt (the
+default since 2026-12-03) and as one row per label on a copy of the
+prompt's cache (`three_labels_rows_s`, the path before), with the largest
+difference in any label's log-prob between the two.
 
 Run: OMP_NUM_THREADS=2 .venv/bin/python bench/judge_cost.py RUN --out FILE
 """
@@ -50,7 +54,18 @@ def main() -> None:
     res = {"run": args.run, "pairs": len(msgs), "prompt_tokens_mean": statistics.mean(lengths),
            "shared_prefix_tokens": next((i for i, t in enumerate(zip(*[eng.encode(m) for m in msgs[:2]])) if t[0] != t[1]), None)}
     greedy = Sampling(max_new_tokens=1, temperature=0.0)
-    res["three_labels_s"] = median_time(lambda: eng.generate([Request(adapter, m, 1, LABELS) for m in msgs], greedy), args.repeats, warm=1)
+    three = [Request(adapter, m, 1, LABELS) for m in msgs]
+    res["three_labels_s"] = median_time(lambda: eng.generate(three, greedy), args.repeats, warm=1)
+    tree_scores = eng.score_choices(three)
+    tree_path = type(eng)._tree_attention
+    type(eng)._tree_attention = lambda self: False
+    try:
+        res["three_labels_rows_s"] = median_time(lambda: eng.generate(three, greedy), args.repeats, warm=1)
+        rows_scores = eng.score_choices(three)
+    finally:
+        type(eng)._tree_attention = tree_path
+    res["tree_vs_rows_max_abs_logprob_diff"] = max(abs(a - b) for t, r in zip(tree_scores, rows_scores)
+                                                   for x, y in zip(t, r) for a, b in zip(x, y))
     res["one_label_s"] = median_time(lambda: eng.generate([Request(adapter, m, 1, LABELS[:1]) for m in msgs], greedy), args.repeats, warm=1)
     res["prefill_one_token_s"] = median_time(lambda: eng.generate([Request(adapter, m) for m in msgs], greedy), args.repeats, warm=1)
     res["prompt_tokens_per_s_prefill"] = sum(lengths) / res["prefill_one_token_s"]

@@ -120,6 +120,31 @@ def test_choice_scores_equal_a_full_forward(engine, role_model):
         assert lp == pytest.approx(ref[row, : len(lp)].tolist(), abs=1e-4)
 
 
+def test_choice_tree_equals_one_row_per_choice_and_a_full_forward(engine, role_model, monkeypatch):
+    """Choices sharing a prefix, of different lengths, one a prefix of
+    another, over mixed adapters and prompts of different lengths: the tree
+    (one row per prompt) scores each choice as the row-per-choice path and
+    as prompt + choice in one plain forward."""
+    model, tok = role_model
+    choices = ("Label: negative", "Label: neg", "Label: negative answer", "Verdict", "")
+    reqs = [Request(a, m, choices=choices) for a in ("red", "evaluator") for m in MSGS]
+    with engine._serving_requests(reqs):
+        assert engine._tree_attention()  # the path under test
+    tree = engine.score_choices(reqs)
+    monkeypatch.setattr(HFEngine, "_tree_attention", lambda self: False)
+    rows = engine.score_choices(reqs)
+    for t, r in zip(tree, rows):
+        for a, b in zip(t, r):
+            assert len(a) == len(b) and a == pytest.approx(b, abs=1e-4)
+    model.base_model.set_adapter("red")
+    samples = [Sample(engine.encode(MSGS[1]), engine.choice_ids(c), 0, 0.0) for c in choices]
+    ids, mask, pos, cmask, C = _batch_tensors(samples, tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        ref, _ = token_logprobs(model, ids, mask, pos, C)
+    for row, lp in enumerate(tree[1]):
+        assert lp == pytest.approx(ref[row, : len(lp)].tolist(), abs=1e-4)
+
+
 LONG_SYSTEM = "You are a careful assistant who answers with safety in mind and explains your reasons. " * 3
 SHARED = [
     [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "first question"}],

@@ -26,7 +26,7 @@ import torch
 from ..training.forward import MIN_SHARED_PREFIX, common_prefix
 from ..training.precision import widened
 from ..training.sharding import Lockstep, is_sharded
-from . import fastpath
+from . import choice_tree, fastpath
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
 
 PEFT_BASE = "__base__"
@@ -331,7 +331,9 @@ class HFEngine(ChatTokens):
     def score_choices(self, requests: Sequence[Request]) -> list[list[list[float]]]:
         """Per request, per choice: log-probs of the choice's tokens (EOS
         included) after the chat prompt, under the request's adapter. The
-        prompt is prefilled once and its KV cache shared by all choices.
+        prompt is prefilled once and its choices scored after it as one
+        token tree (choice_tree.py), or as one row per choice on a cache
+        copy where the model cannot take a tree mask.
         Served by the fast path like generate (a judge's direct calls were
         PEFT's per-adapter loop: x1.56 the CPU time on 64 judged pairs)."""
         with self._in_step(), self._serving_requests(requests):
@@ -342,29 +344,57 @@ class HFEngine(ChatTokens):
         device = next(self.model.parameters()).device
         out: list[list[list[float]]] = [[] for _ in requests]
         prompts = [self.encode(r.messages) for r in requests]
+        score = self._score_tree if self._tree_attention() else self._score_rows
         for part in self._batches(prompts):
             names = [self._peft_name(requests[i].adapter) for i in part]
-            rows = [(b, self.choice_ids(c)) for b, i in enumerate(part) for c in requests[i].choices]
-            C = max(len(c) for _, c in rows)
-            _, mask, pos, cache, last = self._prefill([prompts[i] for i in part], names, device, leave_last=False, reserve=C)
-            first_logp = torch.log_softmax(last, -1)
-            index = torch.tensor([b for b, _ in rows], device=device)
-            c_ids = torch.full((len(rows), C), self.pad_id, dtype=torch.long, device=device)
-            c_mask = torch.zeros_like(c_ids)
-            for r, (_, toks) in enumerate(rows):
-                c_ids[r, : len(toks)] = torch.tensor(toks)
-                c_mask[r, : len(toks)] = 1
-            cache.batch_select_indices(index)
-            full_mask = torch.cat([mask[index], c_mask], dim=1)
-            c_pos = pos[index, -1:] + 1 + torch.arange(C, device=device)
-            logits = self._forward([names[b] for b, _ in rows], input_ids=c_ids, attention_mask=full_mask, position_ids=c_pos,
-                                   past_key_values=cache, use_cache=True).logits
-            logits = widened(logits)
-            logp = torch.log_softmax(logits, -1)
-            for r, (b, toks) in enumerate(rows):
-                lp = [first_logp[b, toks[0]].item()]
-                lp += [logp[r, t - 1, toks[t]].item() for t in range(1, len(toks))]
-                out[part[b]].append(lp)
+            choices = [[self.choice_ids(c) for c in requests[i].choices] for i in part]
+            for i, scores in zip(part, score([prompts[i] for i in part], names, choices, device)):
+                out[i] = scores
+        return out
+
+    def _tree_attention(self) -> bool:
+        """Whether choices may be scored as a token tree: a custom 4D mask
+        needs every layer to be plain full attention (a sliding window or a
+        recurrent layer cannot branch) and an attention that reads a boolean
+        mask (eager adds the mask to its scores)."""
+        attn = self.model.config._attn_implementation
+        return fastpath.supports_reserved(self.model) and attn in ("sdpa", fastpath.DECODE_ATTENTION)
+
+    def _score_tree(self, prompts, names, choices, device) -> list[list[list[float]]]:
+        """One row per prompt, its choices as a tree after it (choice_tree.py)."""
+        tree = choice_tree.build(choices, self.pad_id)
+        _, mask, pos, cache, last = self._prefill(prompts, names, device, leave_last=False, reserve=tree.width)
+        node_logp = None
+        if tree.width:
+            logits = self._forward(names, input_ids=tree.ids.to(device), attention_mask=choice_tree.attention_mask(tree, mask),
+                                   position_ids=pos[:, -1:] + 1 + tree.depth.to(device), past_key_values=cache,
+                                   use_cache=True).logits
+            node_logp = torch.log_softmax(widened(logits), -1)
+        return choice_tree.gather_scores(tree, torch.log_softmax(last, -1), node_logp, choices)
+
+    def _score_rows(self, prompts, names, choices, device) -> list[list[list[float]]]:
+        """One row per (prompt, choice), the prompt's cache copied to each."""
+        rows = [(b, toks) for b, per_prompt in enumerate(choices) for toks in per_prompt]
+        C = max(len(c) for _, c in rows)
+        _, mask, pos, cache, last = self._prefill(prompts, names, device, leave_last=False, reserve=C)
+        first_logp = torch.log_softmax(last, -1)
+        index = torch.tensor([b for b, _ in rows], device=device)
+        c_ids = torch.full((len(rows), C), self.pad_id, dtype=torch.long, device=device)
+        c_mask = torch.zeros_like(c_ids)
+        for r, (_, toks) in enumerate(rows):
+            c_ids[r, : len(toks)] = torch.tensor(toks)
+            c_mask[r, : len(toks)] = 1
+        cache.batch_select_indices(index)
+        full_mask = torch.cat([mask[index], c_mask], dim=1)
+        c_pos = pos[index, -1:] + 1 + torch.arange(C, device=device)
+        logits = self._forward([names[b] for b, _ in rows], input_ids=c_ids, attention_mask=full_mask, position_ids=c_pos,
+                               past_key_values=cache, use_cache=True).logits
+        logp = torch.log_softmax(widened(logits), -1)
+        out: list[list[list[float]]] = [[] for _ in prompts]
+        for r, (b, toks) in enumerate(rows):
+            lp = [first_logp[b, toks[0]].item()]
+            lp += [logp[r, t - 1, toks[t]].item() for t in range(1, len(toks))]
+            out[b].append(lp)
         return out
 
 
