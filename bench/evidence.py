@@ -24,6 +24,9 @@ train    recipes/cpu-evidence.yaml, one run per configuration, `--jobs` at a
          meaningless), the cores shared between them (torch threads). Every run checks eval against
          the labelled answer set once during training, after its warm start
          (experts.gold_pairs, gold_after): that accuracy comes from there.
+         The host's GEMM rate is measured before and after each run
+         (host_speed.py, host-speed.json): hosts of one type differed by
+         1.6x in an eval warm-start step on one day.
 eval     `lora-triplay eval` on every run and iteration (0 = untrained),
          rules judge: blue on every held-out set, red's attacks against the
          base and the run's final blue, eval's accuracy on the labelled set.
@@ -214,6 +217,8 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
             if run.exists() and not resume:
                 shutil.rmtree(run)
             cmd = cli() + ["run", str(RECIPE), *RUNS[name], *gold(work), "--run-dir", str(run)] + (["--resume"] if resume else [])
+            if not procs:  # the host's yardstick, while nothing of ours runs beside it
+                record_host_speed(work / "host-speed.json", name, "before", jobs)
             logf = open(work / f"train-{name}.log", "a")
             log(f"train {name}: {' '.join(RUNS[name])}{' (resuming)' if resume else ''}")
             procs[name] = (subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env(jobs), cwd=ROOT), time.time())
@@ -227,17 +232,33 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
             times[name] = times.get(name, 0.0) + time.time() - t0
             record_time(times_file, name, times[name])
             log(f"train {name}: done in {times[name] / 60:.1f} min")
+            if not procs:
+                record_host_speed(work / "host-speed.json", name, "after", jobs)
     return times
 
 
 def record_time(path: Path, name: str, seconds: float) -> None:
     """One run's time into `path`, read afresh: two evidence.py processes
     working on different runs of one folder keep each other's entries."""
-    times = json.loads(path.read_text()) if path.is_file() else {}
-    times[name] = seconds
+    _record(path, name, seconds)
+
+
+def _record(path: Path, name: str, value) -> None:
+    entries = json.loads(path.read_text()) if path.is_file() else {}
+    entries[name] = value
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(times, indent=2) + "\n")
+    tmp.write_text(json.dumps(entries, indent=2) + "\n")
     tmp.replace(path)
+
+
+def record_host_speed(path: Path, name: str, when: str, jobs: int, seconds: float = 3.0) -> None:
+    """The host's GEMM rate and copy bandwidth (bench/host_speed.py, ~3 s, the runs' threads)
+    just before or after run `name` trains: wall times of runs on different
+    hosts, or on one host at different hours, compare only beside it."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "host_speed.py"), "--seconds", str(seconds)], capture_output=True, text=True,
+                         env=env(jobs), cwd=ROOT, check=True)
+    speeds = json.loads(path.read_text()) if path.is_file() else {}
+    _record(path, name, {**speeds.get(name, {}), when: json.loads(out.stdout)})
 
 
 def did_work(rules: Path) -> bool:

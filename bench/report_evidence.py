@@ -203,12 +203,19 @@ def gold_check_minutes(run: Path) -> float | None:
     return round(sum(seconds) / 60, 1) if seconds else None
 
 
+def _speed(m: dict | None) -> str:
+    return "-" if not m else f"{m['gflops']} GFLOP/s, {m.get('copy_gbps', '-')} GB/s"
+
+
 def markdown(p: dict) -> str:
     lines = [f"# Evidence run ({p['date']})", "", "Percentages, iteration 0 (untrained) to last; rules judge; held-out data.",
              "Training minutes per run: " + ", ".join(f"{k} {v}" for k, v in p["train_minutes"].items()),
              "of which checking eval against the labelled set (not part of a plain run): "
              + ", ".join(f"{k} {v}" for k, v in p.get("gold_check_minutes", {}).items() if v is not None),
-             "Evaluation minutes per run: " + ", ".join(f"{k} {v}" for k, v in p["eval_minutes"].items()), ""]
+             "Evaluation minutes per run: " + ", ".join(f"{k} {v}" for k, v in p["eval_minutes"].items()),
+             "Host before / after training, GEMM GFLOP/s and copy GB/s (bench/host_speed.py; wall times compare only beside it): "
+             + (", ".join(f"{k} {_speed(v.get('before'))} / {_speed(v.get('after'))}" for k, v in p.get("host_speed", {}).items())
+                or "not measured"), ""]
     for name, res in p["results"].items():
         its = sorted(res["iterations"], key=int)
         lines += [f"## {name} (`{' '.join(p['runs'][name])}`)", "",
@@ -242,9 +249,11 @@ def report(work: Path, names: list[str], recipe: Path, out: Path, runs: dict) ->
     train_times = json.loads((work / "train-times.json").read_text()) if (work / "train-times.json").is_file() else {}
     eval_times = json.loads((work / "eval-times.json").read_text()) if (work / "eval-times.json").is_file() else {}
     manifest = json.loads((work / "heldout" / "manifest.json").read_text())
+    speeds = json.loads((work / "host-speed.json").read_text()) if (work / "host-speed.json").is_file() else {}
     payload = {"date": time.strftime("%Y-%m-%d"), "recipe": "recipes/cpu-evidence.yaml", "runs": {n: runs[n] for n in names},
                "train_minutes": {k: round(v / 60, 1) for k, v in train_times.items() if k in names},
                "eval_minutes": {k: round(v / 60, 1) for k, v in eval_times.items() if k in names},
+               "host_speed": {k: v for k, v in speeds.items() if k in names},
                # eval checked against the labelled set during training (experts.gold_pairs, which
                # bench/evidence.py adds): instrumentation a plain `lora-triplay run` does not do
                "gold_check_minutes": {n: gold_check_minutes(work / "runs" / n) for n in names},
@@ -252,7 +261,7 @@ def report(work: Path, names: list[str], recipe: Path, out: Path, runs: dict) ->
                "heldout": manifest, "results": results, "targets": judge_targets(results, mains)}
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     shutil.copy(recipe, out / "cpu-evidence.yaml")
-    for name in ("train-times.json", "eval-times.json"):  # the wall times, seconds per run (results.json has minutes)
+    for name in ("train-times.json", "eval-times.json", "host-speed.json"):  # the wall times, seconds per run (results.json has minutes)
         if (work / name).is_file():
             shutil.copy(work / name, out / name)
     (out / "heldout.json").write_text(json.dumps(manifest, indent=2) + "\n")

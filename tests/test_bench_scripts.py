@@ -168,6 +168,22 @@ def test_evidence_keeps_the_time_of_an_evaluation_that_did_the_work(tmp_path, mo
     assert did_work(rules)
 
 
+def test_evidence_measures_the_host_beside_each_run(tmp_path, monkeypatch):
+    """bench/evidence.py keeps the host's GEMM rate before and after each
+    run's training, without losing another run's entries."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from evidence import record_host_speed
+
+    path = tmp_path / "host-speed.json"
+    path.write_text(json.dumps({"other": {"before": 1.0}}))
+    record_host_speed(path, "main-s0", "before", jobs=1, seconds=0.2)
+    record_host_speed(path, "main-s0", "after", jobs=1, seconds=0.2)
+    speeds = json.loads(path.read_text())
+    assert speeds["other"] == {"before": 1.0}
+    assert set(speeds["main-s0"]) == {"before", "after"}
+    assert all(m["gflops"] > 0 and m["copy_gbps"] > 0 for m in speeds["main-s0"].values())
+
+
 def test_evidence_generic_target_reads_the_worse_of_wording_and_meaning(monkeypatch):
     """A blue that rewords its stock reply passes the wording count; the
     target reads the meaning count too, where the evaluation measured it."""
