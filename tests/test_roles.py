@@ -70,22 +70,6 @@ def test_builtin_requests_are_not_told_apart_by_their_form():
     assert 0.4 <= harmful <= 0.6 and 0.4 <= benign <= 0.7, (harmful, benign)
 
 
-def test_every_builtin_harmful_seed_has_one_benign_topic_twin():
-    # JBB's benign set is topic twins of its harmful set; with twins for 40
-    # of our 70 seeds blue refused 52.5% of JBB's benign requests at the end
-    # of a run while refusing under 5% of our benign stream (2026-12-03).
-    import json
-    from importlib import resources
-
-    benign_file = resources.files("lora_triplay.triplay") / "prompts/benign_prompts.jsonl"
-    rows = [json.loads(line) for line in benign_file.read_text().splitlines() if line.strip()]
-    twins = [r for r in rows if r["category"] == "topic_twin"]
-    assert all("twin_of" in r for r in twins) and not any("twin_of" in r for r in rows if r["category"] != "topic_twin")
-    harmful = {p.id: p.category for p in load_basic_prompts()}
-    linked = [r["twin_of"] for r in twins]
-    assert sorted(linked) == sorted(harmful), "each harmful seed needs exactly one benign twin (twin_of)"
-
-
 def test_builtin_techniques():
     techniques = load_techniques()
     assert len(techniques) == 9
