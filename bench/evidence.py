@@ -24,9 +24,9 @@ train    recipes/cpu-evidence.yaml, one run per configuration, `--jobs` at a
          meaningless), the cores shared between them (torch threads). Every run checks eval against
          the labelled answer set once during training, after its warm start
          (experts.gold_pairs, gold_after): that accuracy comes from there.
-         The host's GEMM rate is measured before and after each run
-         (host_speed.py, host-speed.json): hosts of one type differed by
-         1.6x in an eval warm-start step on one day.
+         The host's GEMM rate and copy bandwidth are measured before and
+         after each run (host_speed.py, host-speed.json): hosts of one type
+         differed by 1.6x in an eval warm-start step on one day.
 eval     `lora-triplay eval` on every run and iteration (0 = untrained),
          rules judge: blue on every held-out set, red's attacks against the
          base and the run's final blue, eval's accuracy on the labelled set.
@@ -237,13 +237,10 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
     return times
 
 
-def record_time(path: Path, name: str, seconds: float) -> None:
-    """One run's time into `path`, read afresh: two evidence.py processes
-    working on different runs of one folder keep each other's entries."""
-    _record(path, name, seconds)
-
-
-def _record(path: Path, name: str, value) -> None:
+def record_time(path: Path, name: str, value) -> None:
+    """One run's entry into `path` (a time, a host measure), read afresh:
+    two evidence.py processes working on different runs of one folder keep
+    each other's entries."""
     entries = json.loads(path.read_text()) if path.is_file() else {}
     entries[name] = value
     tmp = path.with_suffix(".tmp")
@@ -258,7 +255,7 @@ def record_host_speed(path: Path, name: str, when: str, jobs: int, seconds: floa
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "host_speed.py"), "--seconds", str(seconds)], capture_output=True, text=True,
                          env=env(jobs), cwd=ROOT, check=True)
     speeds = json.loads(path.read_text()) if path.is_file() else {}
-    _record(path, name, {**speeds.get(name, {}), when: json.loads(out.stdout)})
+    record_time(path, name, {**speeds.get(name, {}), when: json.loads(out.stdout)})
 
 
 def did_work(rules: Path) -> bool:
