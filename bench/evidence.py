@@ -18,7 +18,10 @@ prepare  held-out sets sampled once (seed 0) from the public files in --data,
          bare base answers StrongREJECT and XSTest-safe prompts under four
          system prompts of our own wording (blue's, refuse, refuse with
          guidance, comply), greedy; the rules judge labels them. How it was
-         built: this code and bench/results/evidence/heldout.json.
+         built: this code and bench/results/evidence/heldout.json. Beside
+         them, a training split of the same benchmarks that shares no JBB
+         pair and no XSTest focus word with them (train_split.py,
+         WORK/train/), read only by the `*-indist` runs.
 train    recipes/cpu-evidence.yaml, one run per configuration, `--jobs` at a
          time (default 1: two runs sharing two cores make both timings
          meaningless), the cores shared between them (torch threads). Every run checks eval against
@@ -46,6 +49,7 @@ import time
 from pathlib import Path
 
 from heldout import read_csv, stratified, write_csv
+from train_split import write_training_split
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,6 +64,8 @@ ABLATIONS = {  # each at main-s0's seed and budget
 }
 # iteration 1 with every phase but blue's warm start at 0 steps: blue after its warm start alone
 WARM_ONLY = ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"]
+# the training split of the public benchmarks beside the package's requests ({work}: the --work folder)
+INDIST = ["data.benign_prompts={work}/train/benign.jsonl", "data.basic_prompts={work}/train/harmful.jsonl"]
 # The main run with one training setting changed, kept beside it in the report
 VARIANTS = {
     # a stock reply counted by its four opening words only, not by meaning as well (the recipe's
@@ -87,12 +93,21 @@ VARIANTS = {
     # the main run with it
     "main-contrast-s0": ["seed=0", "phases.blue_warmup.refusal_contrast=true"],
     "main-contrast-s1": ["seed=1", "phases.blue_warmup.refusal_contrast=true"],
+    # trained on benchmark requests as well as ours (WORK/train, train_split.py: JBB pairs and XSTest focus
+    # words that no held-out request shares): is blue's over-refusal of JBB's benign requests our data or the model?
+    "warm-only-indist": WARM_ONLY + INDIST,
+    # and as wide and long as warm-only-wide-long (224 requests, 64 steps)
+    "warm-only-indist-wide-long": WARM_ONLY + INDIST + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64"],
+    "main-indist-s0": ["seed=0", *INDIST],
+    # and paid by the rules judge, which knows each request's kind: does blue learn when to refuse where its judge is right?
+    "fixed-judge-indist": ["seed=0", "rewards.blue_judge=rules", *INDIST],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
                   "warm-only-wide-long": "blue", "warm-only-sure": "blue",
-                  "warm-only-contrast": "blue"}  # what each run is about
+                  "warm-only-contrast": "blue", "warm-only-indist": "blue",
+                  "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40
 
 
@@ -216,7 +231,8 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
             resume = (run / "state.json").is_file()
             if run.exists() and not resume:
                 shutil.rmtree(run)
-            cmd = cli() + ["run", str(RECIPE), *RUNS[name], *gold(work), "--run-dir", str(run)] + (["--resume"] if resume else [])
+            overrides = [a.replace("{work}", str(work)) for a in RUNS[name]]
+            cmd = cli() + ["run", str(RECIPE), *overrides, *gold(work), "--run-dir", str(run)] + (["--resume"] if resume else [])
             if not procs:  # the host's yardstick, while nothing of ours runs beside it
                 record_host_speed(work / "host-speed.json", name, "before", jobs)
             logf = open(work / f"train-{name}.log", "a")
@@ -337,6 +353,8 @@ def main() -> None:
         log("prepare held-out sets")
         m = prepare(work, Path(args.data))
         log(f"labelled pairs: {m['labelled_pairs']['pairs']} {m['labelled_pairs']['labels']}")
+        split = write_training_split(work, Path(args.data))
+        log(f"training split beside the held-out sets: harmful {split['harmful']}, benign {split['benign']}")
     if "train" in stages:
         train(work, names, args.jobs)
     if "eval" in stages:

@@ -265,6 +265,8 @@ def report(work: Path, names: list[str], recipe: Path, out: Path, runs: dict) ->
         if (work / name).is_file():
             shutil.copy(work / name, out / name)
     (out / "heldout.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if any("{work}/train/" in a for n in names for a in runs[n]):  # the `-indist` runs: how their training split was drawn
+        shutil.copy(work / "train" / "manifest.json", out / "train-split.json")
     figure(results, out / "evidence.png")
     (out / "results.md").write_text(markdown(payload))
     print(f"wrote {out}")

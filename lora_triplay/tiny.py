@@ -29,7 +29,10 @@ The quick brown fox jumps over the lazy dog. 0123456789 ,.;:!?'"()[]{}<>/\\-_=+*
 
 def _corpus() -> list[str]:
     texts = [_CORPUS]
-    prompts = Path(__file__).parent / "triplay" / "prompts"  # the tokenizer fits the prompts the tests send
+    # The tokenizer fits the prompts the tests send, read as whole files: every
+    # byte shapes its merges, so a field no loader reads (an id, a `twin_of`)
+    # moves the tiny runs' pinned numbers too (tests/test_e2e_tiny.py PINNED).
+    prompts = Path(__file__).parent / "triplay" / "prompts"
     for file in sorted(prompts.glob("*")):
         if file.suffix in {".jsonl", ".yaml", ".txt"}:
             texts.append(file.read_text(encoding="utf-8"))
