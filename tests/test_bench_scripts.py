@@ -240,18 +240,9 @@ def test_refusal_margin_auc_counts_ties_half(monkeypatch):
     assert auc([0.5, 0.1], [0.5, 0.2]) == (0.5 + 1 + 0 + 0) / 4
 
 
-def _csv(path: Path, rows: list[dict]) -> None:
-    import csv
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def test_the_training_split_shares_no_pair_or_focus_word_with_the_held_out_sets(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from heldout import write_csv as _csv
     from train_split import write_training_split
 
     from lora_triplay.triplay.roles import load_basic_prompts
