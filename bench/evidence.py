@@ -211,6 +211,11 @@ def build_labelled_pairs(held: Path, data: Path, rng: random.Random) -> dict:
 
 # ------------------------------------------------------------------- train
 
+def overrides(name: str, work: Path) -> list[str]:
+    """A run's recipe overrides, `{work}` (the training split's folder) filled in."""
+    return [a.replace("{work}", str(work)) for a in RUNS[name]]
+
+
 def gold(work: Path) -> list[str]:
     """Every run checks eval against the labelled answer set once while it
     trains, after its warm start (which leaves no snapshot); after every
@@ -231,8 +236,7 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
             resume = (run / "state.json").is_file()
             if run.exists() and not resume:
                 shutil.rmtree(run)
-            overrides = [a.replace("{work}", str(work)) for a in RUNS[name]]
-            cmd = cli() + ["run", str(RECIPE), *overrides, *gold(work), "--run-dir", str(run)] + (["--resume"] if resume else [])
+            cmd = cli() + ["run", str(RECIPE), *overrides(name, work), *gold(work), "--run-dir", str(run)] + (["--resume"] if resume else [])
             if not procs:  # the host's yardstick, while nothing of ours runs beside it
                 record_host_speed(work / "host-speed.json", name, "before", jobs)
             logf = open(work / f"train-{name}.log", "a")

@@ -31,9 +31,12 @@ from pathlib import Path
 from heldout import read_csv
 
 
-def _package_rows(name: str) -> list[dict]:
-    text = resources.files("lora_triplay.triplay").joinpath(f"prompts/{name}").read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def _package_rows(harmful: bool) -> list[dict]:
+    """The package's own requests, read as a run reads them."""
+    from lora_triplay.triplay.roles import load_basic_prompts
+
+    path = None if harmful else str(resources.files("lora_triplay.triplay").joinpath("prompts/benign_prompts.jsonl"))
+    return [_row(p.id, p.category, p.prompt) for p in load_basic_prompts(path)]
 
 
 def _row(id_: str, category: str, prompt: str) -> dict:
@@ -43,10 +46,10 @@ def _row(id_: str, category: str, prompt: str) -> dict:
 def jbb_pairs(data: Path, held: Path) -> tuple[list[dict], list[dict]]:
     """JBB (harmful, benign) rows of the pairs with neither row held out."""
     harmful, benign = read_csv(data / "jbb/harmful-behaviors.csv"), read_csv(data / "jbb/benign-behaviors.csv")
-    out_idx = {r["index"] for name in ("jbb-harmful", "jbb-benign") for r in read_csv(held / f"{name}.csv")}
-    keep = [(h, b) for h, b in zip(harmful, benign) if h["index"] not in out_idx and b["index"] not in out_idx]
-    if any(h["index"] != b["index"] for h, b in keep):
+    if [h["index"] for h in harmful] != [b["index"] for b in benign]:
         raise SystemExit(f"{data / 'jbb'}: the harmful and benign files are not in the same row order")
+    out_idx = {r["index"] for name in ("jbb-harmful", "jbb-benign") for r in read_csv(held / f"{name}.csv")}
+    keep = [(h, b) for h, b in zip(harmful, benign) if h["index"] not in out_idx]
     return ([_row(f"jbb-h-{h['index']}", h["category"], h["goal"]) for h, _ in keep],
             [_row(f"jbb-b-{b['index']}", b["category"], b["goal"]) for _, b in keep])
 
@@ -76,13 +79,12 @@ def write_training_split(work: Path, data: Path) -> dict:
     held = work / "heldout"
     jbb_h, jbb_b = jbb_pairs(data, held)
     xs_u, xs_s = xstest_rows(data, held)
-    ours_h, ours_b = _package_rows("basic_prompts.jsonl"), _package_rows("benign_prompts.jsonl")
+    ours_h, ours_b = _package_rows(harmful=True), _package_rows(harmful=False)
     files = {"harmful": ours_h + jbb_h + xs_u, "benign": ours_b + jbb_b + xs_s}
     folder.mkdir(parents=True, exist_ok=True)
     for name, rows in files.items():
         tmp = folder / f"{name}.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(_row(r["id"], r.get("category", "unknown"), r["prompt"]), ensure_ascii=False) + "\n"
-                               for r in rows), encoding="utf-8")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         tmp.replace(folder / f"{name}.jsonl")
     manifest = {
         "how": "bench/train_split.py: JBB pairs with neither row held out; XSTest rows whose focus word no held-out or "

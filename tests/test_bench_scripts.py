@@ -211,7 +211,7 @@ def test_every_evidence_run_is_a_valid_recipe(monkeypatch, tmp_path):
     evidence recipe with its overrides: a typo there would surface only an
     hour into `make evidence`."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from evidence import RECIPE, RUNS
+    from evidence import RECIPE, RUNS, overrides
 
     from lora_triplay.recipe import load_recipe
 
@@ -219,10 +219,10 @@ def test_every_evidence_run_is_a_valid_recipe(monkeypatch, tmp_path):
     (work / "train").mkdir(parents=True)
     for name in ("benign", "harmful"):
         (work / "train" / f"{name}.jsonl").write_text(json.dumps({"id": "x", "category": "c", "prompt": "a request"}) + "\n")
-    for name, overrides in RUNS.items():
-        recipe = load_recipe(RECIPE, [a.replace("{work}", str(work)) for a in overrides])
+    for name in RUNS:
+        recipe = load_recipe(RECIPE, overrides(name, work))
         assert recipe.seed in (0, 1), name
-    indist = load_recipe(RECIPE, [a.replace("{work}", str(work)) for a in RUNS["main-indist-s0"]])
+    indist = load_recipe(RECIPE, overrides("main-indist-s0", work))
     assert indist.data.benign_prompts == str(work / "train" / "benign.jsonl")
     warm = load_recipe(RECIPE, RUNS["warm-only"])  # blue's warm start and nothing after it
     assert warm.phases.blue_warmup.steps > 0 and warm.iterations == 1
