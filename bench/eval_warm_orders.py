@@ -14,6 +14,9 @@ checked on the labelled answer set (never trained on) as:
   ema-D     an exponential moving average with decay D
 Every variant's choice probabilities on the gold set and on the run's own
 held-out slice go to the JSON, so other read-outs can be computed offline.
+`kind_only` is the gold set read by the request's kind alone (harmful:
+negative, benign: positive): what a judge told the kind (rewards.eval_sees_kind)
+gets without reading the answer.
 Why: one run's warm-start accuracy moved by 0.08 (negative recall by 0.8)
 with the batch order alone (stop 37); a setting can only be judged on its
 spread over orders.
@@ -84,7 +87,11 @@ def main() -> None:
     tails = sorted({max(steps // 3, 1), max(steps // 2, 1)})
     decays = [float(x) for x in args.ema.split(",") if x]
     result = {"seed": args.seed, "steps": steps, "lr": cfg.lr, "lr_end": getattr(cfg, "lr_end", None),
-              "pairs": game.data.labelled_count(), "gold_n": len(gold), "heldout_n": len(held), "orders": {}}
+              "eval_sees_kind": full.rewards.eval_sees_kind,
+              "pairs": game.data.labelled_count(), "gold_n": len(gold), "heldout_n": len(held), "orders": {},
+              # the yardstick for a judge told the kind: a compliance's label follows from it alone
+              "kind_only": read_out([[1.0, 0.0, 0.0] if r.get("kind", "harmful") == "harmful" else [0.0, 0.0, 1.0]
+                                     for r in gold_rows], gold)}
 
     def check(weights: dict[str, torch.Tensor]) -> dict:
         with torch.no_grad():

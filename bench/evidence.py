@@ -101,6 +101,9 @@ VARIANTS = {
     "main-indist-s0": ["seed=0", *INDIST],
     # and paid by the rules judge, which knows each request's kind: does blue learn when to refuse where its judge is right?
     "fixed-judge-indist": ["seed=0", "rewards.blue_judge=rules", *INDIST],
+    # eval told each request's kind, harmful or benign (rewards.eval_sees_kind): the panel's labels depend on it, and
+    # 82-89% of eval's warm-start errors were a compliance put in the wrong one of negative / positive
+    "main-kind-s0": ["seed=0", "rewards.eval_sees_kind=true"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",

@@ -88,6 +88,7 @@ class LabelledPair:
     prompt: str
     response: str
     label: str  # negative | rejective | positive
+    kind: str | None = None  # harmful | benign: the request's, if the set says (a `kind` column)
 
 
 # ------------------------------------------------------------------ reading
@@ -267,7 +268,10 @@ def load_eval_set(path: str | Path, limit: int | None = None) -> list[LabelledPa
             raise BenchmarkError(
                 f"{path}: row {i + 1} has label {raw!r}; use negative/unsafe, rejective/refusal or positive/safe"
             )
-        out.append(LabelledPair(_cell(r, "id") or f"pair-{i:04d}", _cell(r, "prompt"), _cell(r, "response"), label))
+        kind = _cell(r, "kind").lower() if "kind" in cols else ""
+        if kind and kind not in EXPECTED:
+            raise BenchmarkError(f"{path}: row {i + 1} has kind {kind!r}; use {' or '.join(EXPECTED)} (or leave it empty)")
+        out.append(LabelledPair(_cell(r, "id") or f"pair-{i:04d}", _cell(r, "prompt"), _cell(r, "response"), label, kind or None))
     if not out:
         raise BenchmarkError(f"{path}: no labelled rows")
     return out if limit is None else out[:limit]

@@ -145,6 +145,7 @@ class Unit:
     prompt: str
     messages: list | None = None  # chat to generate from; None: answer the prompt as blue
     response: str | None = None  # given (a labelled set): judge it, generate nothing
+    kind: str | None = None  # what the judge is told the request was (a labelled set's); None: item.expected
 
 
 class Evaluator:
@@ -244,7 +245,8 @@ class Evaluator:
             for group, text in zip(groups, self._generate([units[g[0]] for g in groups])):
                 texts.update(dict.fromkeys(group, text))
             texts.update({i: units[i].response if stored[i] is None else stored[i]["response"] for i in chunk if i not in texts})
-            cases = [Case(units[i].prompt, texts[i], units[i].item.expected, request=units[i].item.prompt) for i in chunk]
+            cases = [Case(units[i].prompt, texts[i], units[i].kind or units[i].item.expected, request=units[i].item.prompt)
+                     for i in chunk]
             labels = judge(cases) if label else [None] * len(chunk)
             self.work["judged"] += len(chunk) if label else 0
             new = []
@@ -397,11 +399,15 @@ class Evaluator:
         """Rows keep the gold label in `expected`; the answer judged is the set's own."""
         pairs = load_eval_set(self.opts.eval_set, self.opts.limit)
         bench, gold = f"eval:{Path(self.opts.eval_set).name}", [p.label for p in pairs]
+        blind = [p.id for p in pairs if p.kind is None]
+        if self.recipe.rewards.eval_sees_kind and blind:
+            raise UserError(f"{self.opts.eval_set}: this run's eval reads each request's kind (rewards.eval_sees_kind), but "
+                            f"{len(blind)} rows give none (first: {blind[0]}); add a `kind` column (harmful | benign)")
         per_it = {}
         for it in its:
             judge = EvalJudge(self.get_run, it)
             units = [Unit(ItemCache.key(bench, it, "eval", "-", p.id), Item(p.id, p.prompt, "labelled", p.label),
-                          "-", p.prompt, response=p.response) for p in pairs]
+                          "-", p.prompt, response=p.response, kind=p.kind or "harmful") for p in pairs]
             preds = [r["label"] for r in self._process(units, judge, bar, f"eval@{it} labels: {_n(len(units), 'labelled answer')}")]
             per_class = {c: accuracy([p for p, g in zip(preds, gold) if g == c], [c] * gold.count(c)) for c in LABELS}
             per_it[str(it)] = {"judge": judge.name, "n": len(pairs), "accuracy": accuracy(preds, gold),

@@ -176,10 +176,12 @@ def _write_role(run_dir: Path, role: str, iteration: int | None, folder: Path, *
     if role == "blue":
         info["system_prompt"] = blue_messages("")[0]["content"]  # what blue was trained with
     if role == "eval":
-        info["prompt_format"] = ("eval reads lora_triplay.triplay.roles.eval_messages(prompt, response) "
-                                 "and answers `Label: negative|rejective|positive`")
+        info["prompt_format"] = ("eval reads lora_triplay.triplay.roles.eval_messages(prompt, response"
+                                 + (", kind)" if recipe.rewards.eval_sees_kind else ")")
+                                 + " and answers `Label: negative|rejective|positive`")
         # what eval read as the prompt in training: red's rewrite or the request it wraps
         info["judge_prompt"] = recipe.rewards.judge_prompt
+        info["eval_sees_kind"] = recipe.rewards.eval_sees_kind  # whether it was told harmful / benign
     (folder / EXPORT_NOTE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     del merged
     return ExportResult(role, folder, time.perf_counter() - t0, info)

@@ -146,7 +146,8 @@ def play_round(run, requests: list[str], *, sel: Selection, defenders: list[str]
     choice = recipe.rewards.judge_mode == "choice"
     judge_sampling = Sampling(max_new_tokens=judge_budget(recipe), temperature=0.0)
     verdicts = engine.generate(
-        [Request(served[sel.eval], eval_messages(judged_prompt(recipe.rewards.judge_prompt, row["request"], row["wrapped"]), ans.text),
+        [Request(served[sel.eval], eval_messages(judged_prompt(recipe.rewards.judge_prompt, row["request"], row["wrapped"]), ans.text,
+                                                 "harmful" if recipe.rewards.eval_sees_kind else None),  # red wraps harmful requests
                  1, LABEL_CHOICES if choice else None) for row, _, ans in pairs],
         judge_sampling,
     )

@@ -105,7 +105,7 @@ def test_red_step_judge_and_semantic_together_equal_apart(role_model, judge_mode
     from lora_triplay.engine.hf import HFEngine
 
     model, tok = role_model
-    judged = [(p, a) for p, a, _ in PAIRS]
+    judged = [(p, a, "harmful") for p, a, _ in PAIRS]
     checked = [("How do I pick a lock?", p) for p, _, _ in PAIRS[::2]]
     apart_engine, together_engine = Recording(HFEngine(model, tok)), Recording(HFEngine(model, tok))
     apart = _phases(apart_engine, judge_mode)

@@ -170,6 +170,23 @@ def test_heldout_pairs_never_train_eval():
     assert {x["pair"] for x in data.heldout_pairs()} == {i for i in range(100) if data._held_out(i)}
 
 
+def test_a_gold_file_gives_each_request_kind_where_eval_reads_it(tmp_path):
+    import json
+
+    from lora_triplay.errors import UserError
+    from lora_triplay.triplay.rundata import load_gold_pairs
+
+    f = tmp_path / "gold.jsonl"
+    rows = [{"prompt": "p", "response": "r", "label": "negative", "kind": "harmful"}, {"prompt": "q", "response": "s", "label": "positive"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    assert len(load_gold_pairs(str(f))) == 2  # the paper's eval: no kind needed
+    with pytest.raises(UserError, match="line 2 needs a kind, harmful or benign"):
+        load_gold_pairs(str(f), need_kind=True)
+    f.write_text(json.dumps({**rows[0], "kind": "unsafe"}))
+    with pytest.raises(UserError, match="line 1: kind is harmful or benign"):
+        load_gold_pairs(str(f))
+
+
 def test_soft_labels_auto_follow_the_calibration_check():
     from types import SimpleNamespace
 

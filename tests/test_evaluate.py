@@ -113,6 +113,11 @@ def test_eval_set_mapping(tmp_path):
     f.write_text("prompt,answer,label\np,r,safe\n")
     with pytest.raises(BenchmarkError, match="missing \\['response'\\]"):
         load_eval_set(f)
+    f.write_text("prompt,response,label,kind\np,r,safe,Benign\np,r,unsafe,\n")
+    assert [p.kind for p in load_eval_set(f)] == ["benign", None]  # the request's kind, where the set gives it
+    f.write_text("prompt,response,label,kind\np,r,safe,harmless\n")
+    with pytest.raises(BenchmarkError, match="row 1 has kind 'harmless'; use harmful or benign"):
+        load_eval_set(f)
 
 
 # ------------------------------------------------------------- scoring
@@ -318,6 +323,31 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
 
 
 @needs_data
+def test_an_eval_told_the_kind_needs_a_labelled_set_that_gives_it(tiny_run, tmp_path):
+    """A run whose eval read each request's kind (rewards.eval_sees_kind) is
+    scored on a labelled set only with that kind, and reads it there."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    recipe.setdefault("rewards", {})["eval_sees_kind"] = True
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    labelled = tmp_path / "labelled.jsonl"
+    rows = [{"prompt": "p", "response": "I can't.", "label": "refusal", "kind": "benign"}, {"prompt": "q", "response": "Sure.", "label": "safe"}]
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", str(run), "--eval-set", str(labelled), "--iterations", "2", "--out", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "1 rows give none (first: pair-0001); add a `kind` column" in result.output
+    rows[1]["kind"] = "harmful"
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r.json").read_text())["eval_accuracy"]["iterations"]["2"]["n"] == 2
+
+
 def test_eval_resumes_without_recomputing(tiny_run, tmp_path, monkeypatch):
     from lora_triplay.engine.hf import HFEngine
 

@@ -237,6 +237,33 @@ def test_lora_triplay_eval_judges_red_attacks_as_the_run_trained_eval(view):
     assert judged == (["do harm", "hello"] if view == "request" else ["wrapped: do harm", "hello"])
 
 
+@pytest.mark.parametrize("sees", [False, True])
+def test_eval_is_told_the_request_kind_only_when_the_recipe_asks(sees):
+    """rewards.eval_sees_kind: every question to eval (red's reward, blue's,
+    the pairs it learns from, `lora-triplay eval`) carries the kind the game
+    asked; off, none does (the paper's judge)."""
+    from lora_triplay.judging.fixed import Case
+    from lora_triplay.triplay.judges import EvalJudge
+
+    engine = Scripted(label=lambda p, r: "negative")
+    s, phases = _session(engine, rewards={"eval_sees_kind": sees}, data={"benign_share": 0.5})
+    red, blue = phases.red_step(1, 1), phases.blue_step(1, 1)
+    told = [r.messages[-1]["content"] for r in engine.requests if r.adapter == "evaluator" and "<<<BEGIN_PROMPT>>>" in r.messages[-1]["content"]]
+    harmful_line, benign_line = "should not fulfil", "an assistant should help with"
+    pairs = red.rows["eval_pairs"] + blue.rows["eval_pairs"]
+    kind_of = {row["prompt"]: row["kind"] for row in pairs}
+    assert set(kind_of.values()) == {"harmful", "benign"} and len(told) == len(pairs)
+    for t in told:  # the line names the kind the game asked, whatever the prompt's words
+        kind = kind_of[Scripted._block(t, "PROMPT")]
+        assert (benign_line in t) == (sees and kind == "benign") and (harmful_line in t) == (sees and kind == "harmful")
+    learnt = [phases.evals._messages(row)[1]["content"] for row in pairs]
+    assert all(("Context from the trainer" in t) == sees for t in learnt)  # the pairs eval learns from
+    run = SimpleNamespace(recipe=s.recipe, engine=engine, ensure=lambda name: "evaluator")
+    engine.requests.clear()
+    EvalJudge(lambda: run, 1)([Case("hello", "Hi.", "benign")])
+    assert (benign_line in engine.requests[0].messages[-1]["content"]) == sees
+
+
 def test_a_phase_sets_its_own_minimum_reward_spread():
     from lora_triplay.training.grpo import Sample
 

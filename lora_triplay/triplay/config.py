@@ -158,6 +158,13 @@ class RewardsConfig(_Strict):
         "text never reaches the judge and a rewrite earns red a reward only by making a defender serve the request, "
         "not by hiding it from eval"
     )
+    eval_sees_kind: bool = Field(
+        False, description="eval reads, beside each answer, whether the game asked a harmful request (red's wraps, "
+        "the seed set) or a benign one (the benign stream): a line of the eval template (templates.yaml eval_kind), "
+        "never text from red. The panel's labels depend on that kind (the rule expert knows it); without it eval must "
+        "guess it from the words, and on the 135M base 82-89% of its warm start's errors were a compliance put in "
+        "the wrong one of negative / positive. Off: the paper's (prompt, response) judge"
+    )
     blue_judge: str = Field(
         "eval", description="who labels blue's answers for its reward: `eval` (the eval adapter, the paper), `rules` "
         "(the refusal rules, which know whether a request was harmful or benign), `panel` (the expert panel of "

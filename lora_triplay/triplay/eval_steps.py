@@ -145,7 +145,11 @@ class EvalSteps:
                            after_update=answers_before_update if from_update else None)
 
     def _request(self, pair: dict, n: int = 1) -> Request:
-        return Request(EVAL, eval_messages(pair["prompt"], pair["response"]), n=n, choices=LABEL_CHOICES if self.p.choice else None)
+        return Request(EVAL, self._messages(pair), n=n, choices=LABEL_CHOICES if self.p.choice else None)
+
+    def _messages(self, pair: dict) -> list[dict[str, str]]:
+        """Eval's chat for a stored pair: the pair's kind too with rewards.eval_sees_kind."""
+        return eval_messages(pair["prompt"], pair["response"], pair.get("kind", "harmful") if self.p.sees_kind else None)
 
     def examples(self, batch: list[dict]) -> list[ChoiceExample]:
         """The batch as supervised examples: every label string (choice mode)
@@ -153,7 +157,7 @@ class EvalSteps:
         engine = self.game.engine
         out = []
         for pair in batch:
-            prompt = engine.encode(eval_messages(pair["prompt"], pair["response"]))
+            prompt = engine.encode(self._messages(pair))
             gold = LABELS.index(pair["panel_label"])
             choices = [engine.choice_ids(c) for c in LABEL_CHOICES] if self.p.choice else [engine.choice_ids(LABEL_CHOICES[gold])]
             out.append(ChoiceExample(prompt, choices, gold if self.p.choice else 0, pair.get("kind")))

@@ -180,7 +180,7 @@ class TriPlay(Game):
         fixed = [r for r in self.store.iter_jsonl("panel") if r.get("panel_label")][: self.recipe.control.drift_pairs]
         if not fixed:
             return []
-        labels, _, _ = self.phases.judge([(r["prompt"], r["response"]) for r in fixed])
+        labels, _, _ = self.phases.judge([(r["prompt"], r["response"], r.get("kind", "harmful")) for r in fixed])
         agreement = sum(lab == r["panel_label"] for lab, r in zip(labels, fixed)) / len(fixed)
         answers = [r["response"] for r in self.store.iter_jsonl("eval_pairs")
                    if r.get("iteration") == it and r.get("phase") == "red" and r.get("defender") == "blue"]

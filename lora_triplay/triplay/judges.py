@@ -30,7 +30,9 @@ class EvalJudge:
         choice = run.recipe.rewards.judge_mode == "choice"
         sampling = Sampling(max_new_tokens=judge_budget(run.recipe), temperature=0.0)
         view = run.recipe.rewards.judge_prompt  # eval reads what it read in training
-        reqs = [Request(adapter, eval_messages(judged_prompt(view, c.request or c.prompt, c.prompt), c.response), 1,
+        sees_kind = run.recipe.rewards.eval_sees_kind  # and the request's kind if it read it then
+        reqs = [Request(adapter, eval_messages(judged_prompt(view, c.request or c.prompt, c.prompt), c.response,
+                                               c.expected if sees_kind else None), 1,
                         LABEL_CHOICES if choice else None) for c in cases]
         outs = run.engine.generate(reqs, sampling)
         return [parse_label(o[0].text, LABELS, finished=o[0].finished).label for o in outs]

@@ -90,12 +90,13 @@ class Phases:
         self.judge_sampling = Sampling(max_new_tokens=game.judge_budget(), temperature=0.0)
         self.choice = r.rewards.judge_mode == "choice"
         self.judge_view = r.rewards.judge_prompt
+        self.sees_kind = r.rewards.eval_sees_kind
         self.evals = EvalSteps(self)
         self.blue_warmup = BlueWarmup(self)
 
     # --------------------------------------------------------------- judge
-    def judge(self, pairs: list[tuple[str, str]]) -> tuple[list[str | None], list, int]:
-        """Eval's class for each (prompt, response), plus what the rewards
+    def judge(self, pairs: list[tuple[str, str, str]]) -> tuple[list[str | None], list, int]:
+        """Eval's class for each (prompt, response, kind), plus what the rewards
         use: the class probabilities (choice mode with soft labels) or the
         label itself; and the count of malformed outputs."""
         return self._ask_eval([self._label_ask(pairs)])[0]
@@ -117,9 +118,9 @@ class Phases:
         labelled, checked = self._ask_eval([self._label_ask(pairs), self._semantic_ask(sem_pairs)])
         return labelled, self._verdicts(checked)
 
-    @staticmethod
-    def _label_ask(pairs) -> EvalAsk:
-        return EvalAsk([eval_messages(p, r) for p, r in pairs], LABEL_CHOICES, LABELS, "Label")
+    def _label_ask(self, pairs) -> EvalAsk:
+        """`kind` (harmful | benign) reaches eval only with rewards.eval_sees_kind."""
+        return EvalAsk([eval_messages(p, r, k if self.sees_kind else None) for p, r, k in pairs], LABEL_CHOICES, LABELS, "Label")
 
     @staticmethod
     def _semantic_ask(pairs) -> EvalAsk:
@@ -148,7 +149,7 @@ class Phases:
         mode), or a fixed judge (rules, the panel, an endpoint: hard labels;
         an unparsed one is dropped)."""
         if self.game.blue_judge is None:
-            return self.judge([(p, r) for p, r, _ in cases])
+            return self.judge(cases)
         t0 = time.perf_counter()
         labels = self.game.blue_judge([Case(p, r, kind) for p, r, kind in cases])
         self.timings["judge"] = self.timings.get("judge", 0.0) + time.perf_counter() - t0
@@ -201,7 +202,8 @@ class Phases:
             x.answers = answers
         # Every defender's answer judged and every rewrite's goal checked
         # (both ask the eval adapter, neither needs the other's result).
-        judged = [(judged_prompt(self.judge_view, x.basic.prompt, x.wrapped), x.answers[d.name]) for x in valid for d in defenders]
+        judged = [(judged_prompt(self.judge_view, x.basic.prompt, x.wrapped), x.answers[d.name], "harmful")
+                  for x in valid for d in defenders]
         sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
         if rw.semantic:
             (labels, soft, bad_cls), (sem_ok, sem_soft, bad_sem) = self.judge_and_semantic(

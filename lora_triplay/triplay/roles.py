@@ -19,6 +19,7 @@ import yaml
 
 from lora_triplay.judging.parsing import data_block, escape_control_tokens
 
+from ..benchmarks import EXPECTED
 from ..errors import UserError
 from ..tables import columns, parse_jsonl, read_rows
 
@@ -91,7 +92,7 @@ _TEMPLATE_KEYS = (
 def _templates() -> dict[str, Any]:
     text = resources.files("lora_triplay.triplay").joinpath("prompts/templates.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
-    missing = [k for k in (*_TEMPLATE_KEYS, "safety_experts", "utility_experts") if k not in data]
+    missing = [k for k in (*_TEMPLATE_KEYS, "safety_experts", "utility_experts", "eval_kind") if k not in data]
     if missing:  # a packaging or editing mistake, not a user error
         raise RuntimeError(f"prompts/templates.yaml lacks keys {missing}")
     return data
@@ -231,9 +232,15 @@ def judged_prompt(view: str, basic: str, wrapped: str) -> str:
     return basic if view == "request" else wrapped
 
 
-def eval_messages(prompt: str, response: str) -> list[dict[str, str]]:
+def eval_messages(prompt: str, response: str, kind: str | None = None) -> list[dict[str, str]]:
+    """Eval's chat; with `kind` (harmful | benign: what the game asked, rewards.eval_sees_kind)
+    the template's eval_kind line goes before the classification request."""
     t = _templates()
     user = t["eval_user"].format(prompt=data_block("PROMPT", prompt), response=data_block("RESPONSE", response))
+    if kind is not None:
+        if kind not in EXPECTED:
+            raise ValueError(f"eval_messages: kind {kind!r}; use one of {EXPECTED} or None")
+        user = t["eval_kind"][kind].strip() + "\n\n" + user
     return _chat(t["eval_system"], user)
 
 

@@ -23,10 +23,12 @@ def _file(value: str) -> str | None:
     return None if value == "builtin" else value
 
 
-def load_gold_pairs(path: str) -> list[dict]:
-    """`experts.gold_pairs`: JSONL rows with prompt, response and label."""
+def load_gold_pairs(path: str, need_kind: bool = False) -> list[dict]:
+    """`experts.gold_pairs`: JSONL rows with prompt, response and label (and
+    kind, harmful | benign, where eval reads it: `need_kind`)."""
     import json
 
+    from ..benchmarks import EXPECTED
     from ..errors import UserError
     from ..judging.parsing import LABELS
 
@@ -40,6 +42,9 @@ def load_gold_pairs(path: str) -> list[dict]:
             raise UserError(f"experts.gold_pairs {path}: line {n} is not JSON") from None
         if not all(isinstance(row.get(k), str) for k in ("prompt", "response", "label")) or row["label"] not in LABELS:
             raise UserError(f"experts.gold_pairs {path}: line {n} needs prompt, response and label (one of {', '.join(LABELS)})")
+        if row.get("kind", "harmful") not in EXPECTED or (need_kind and "kind" not in row):
+            raise UserError(f"experts.gold_pairs {path}: line {n} needs a kind, harmful or benign (eval reads it: "
+                            "rewards.eval_sees_kind)" if need_kind else f"experts.gold_pairs {path}: line {n}: kind is harmful or benign")
         rows.append(row)
     if not rows:
         raise UserError(f"experts.gold_pairs {path}: no rows")
@@ -63,7 +68,7 @@ class RunData:
             self.benign = load_basic_prompts(path)
         # a fixed attack set for blue (data.blue_attacks: a file), in its own order
         self.attacks = [] if r.data.blue_attacks in ("red", "seeds") else load_basic_prompts(r.data.blue_attacks)
-        self.gold = load_gold_pairs(r.experts.gold_pairs) if r.experts.gold_pairs else []
+        self.gold = load_gold_pairs(r.experts.gold_pairs, r.rewards.eval_sees_kind) if r.experts.gold_pairs else []
         self.pairs = PairPool(r.experts.pool_cap, r.seed)
         self.labelled: list[dict] = []  # panel rows with a label (text included)
         self.pending: list[dict] = []  # this step's, until it commits
