@@ -92,10 +92,13 @@ _TEMPLATE_KEYS = (
 def _templates() -> dict[str, Any]:
     text = resources.files("lora_triplay.triplay").joinpath("prompts/templates.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
-    missing = [k for k in (*_TEMPLATE_KEYS, "safety_experts", "utility_experts", "eval_kind") if k not in data]
+    missing = [k for k in (*_TEMPLATE_KEYS, "safety_experts", "utility_experts") if k not in data]
     if missing:  # a packaging or editing mistake, not a user error
         raise RuntimeError(f"prompts/templates.yaml lacks keys {missing}")
-    return data
+    kinds = yaml.safe_load(resources.files("lora_triplay.triplay").joinpath("prompts/eval_kind.yaml").read_text(encoding="utf-8"))
+    if sorted(kinds) != sorted(EXPECTED):
+        raise RuntimeError(f"prompts/eval_kind.yaml has keys {sorted(kinds)}, not {list(EXPECTED)}")
+    return {**data, "eval_kind": kinds}
 
 
 def load_templates() -> dict[str, Any]:
