@@ -160,7 +160,7 @@ class RewardsConfig(_Strict):
     )
     eval_sees_kind: bool = Field(
         False, description="eval reads, beside each answer, whether the game asked a harmful request (red's wraps, "
-        "the seed set) or a benign one (the benign stream): a line of the eval template (templates.yaml eval_kind), "
+        "the seed set) or a benign one (the benign stream): a line of prompts/eval_kind.yaml, "
         "never text from red. The panel's labels depend on that kind (the rule expert knows it); without it eval must "
         "guess it from the words, and on the 135M base 82-89% of its warm start's errors were a compliance put in "
         "the wrong one of negative / positive. Off: the paper's (prompt, response) judge"

@@ -237,7 +237,7 @@ def judged_prompt(view: str, basic: str, wrapped: str) -> str:
 
 def eval_messages(prompt: str, response: str, kind: str | None = None) -> list[dict[str, str]]:
     """Eval's chat; with `kind` (harmful | benign: what the game asked, rewards.eval_sees_kind)
-    the template's eval_kind line goes before the classification request."""
+    its line of prompts/eval_kind.yaml goes before the classification request."""
     t = _templates()
     user = t["eval_user"].format(prompt=data_block("PROMPT", prompt), response=data_block("RESPONSE", response))
     if kind is not None:
