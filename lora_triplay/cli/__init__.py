@@ -77,4 +77,8 @@ def main() -> None:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted; resume with --resume --run-dir <run folder>", err=True)
         code = 130
+    if "torch" in sys.modules:  # only commands that ran a model can hold a process group
+        from ..core.distributed import leave_process_group
+
+        leave_process_group(ok=not code)
     sys.exit(code or 0)

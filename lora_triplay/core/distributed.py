@@ -24,6 +24,21 @@ import torch
 T = TypeVar("T")
 
 
+def leave_process_group(ok: bool) -> None:
+    """Tear the process group down before the interpreter exits. Left to
+    interpreter shutdown, gloo's worker threads can be destroyed while
+    still joinable ("terminate called without an active exception", a
+    SIGABRT after a run that had finished: seen once in CI). After a clean
+    run the ranks meet at a barrier first, so none tears down while another
+    still talks to it; after an error they do not wait (the launcher stops
+    the others)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if ok:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def launched_world_size() -> int:
     """The world size `accelerate launch` / torchrun put in the environment."""
     return int(os.environ.get("WORLD_SIZE", "1"))
