@@ -104,6 +104,11 @@ VARIANTS = {
     # eval told each request's kind, harmful or benign (rewards.eval_sees_kind): the panel's labels depend on it, and
     # 82-89% of eval's warm-start errors were a compliance put in the wrong one of negative / positive
     "main-kind-s0": ["seed=0", "rewards.eval_sees_kind=true"],
+    # one answer of each harmful request's group blue's own continuation of "I can't help with that. Instead, you
+    # could" (phases.blue.refusal_anchor): in main-kind-s0's third iteration blue's groups for plainly asked harmful
+    # requests held 0 refusals of 16, so eval's `negative` for every one of them moved nothing
+    "main-anchor-s0": ["seed=0", "phases.blue.refusal_anchor=guide"],
+    "main-anchor-s1": ["seed=1", "phases.blue.refusal_anchor=guide"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",

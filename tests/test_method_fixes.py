@@ -376,3 +376,42 @@ def test_balanced_sampling_draws_each_label_equally():
         got = [r["panel_label"] for _ in range(50) for r in s.data.sample_labelled_pairs(8)]
         share = got.count("negative") / len(got)
         assert (0.4 < share < 0.6) if balance else (share < 0.2)
+
+
+def test_harmful_groups_carry_an_anchored_refusal(role_model):
+    """phases.blue.refusal_anchor: each harmful request's group holds one
+    answer that blue continued from the refusal opening, with the opening
+    moved into the trained tokens; benign groups hold none (the tiny real
+    model answers and judges, forced-choice)."""
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.recipe import LoraConfig
+    from lora_triplay.triplay.roles import blue_messages, warmup_opening
+
+    model, tok = role_model
+    engine = HFEngine(model, tok, lora=LoraConfig(rank=4, alpha=8))
+    s, phases = _session(engine, phases={"blue": {"refusal_anchor": "guide", "greedy_member": True, "group_size": 4,
+                                                  "max_new_tokens": 5}},
+                         rewards={"judge_mode": "choice"}, data={"benign_share": 0.5})
+    result = phases.blue_step(1, 1)
+    opening = warmup_opening("guide")
+    forced = tok.encode(opening, add_special_tokens=False)
+    groups: dict = {}
+    for x, row in zip(result.samples, result.rows["eval_pairs"]):
+        groups.setdefault(x.group, []).append((x, row))
+    assert len(groups) == 4 and all(len(g) == 4 for g in groups.values())
+    kinds = []
+    for members in groups.values():
+        kind = members[0][1]["kind"]
+        kinds.append(kind)
+        anchored = [(x, row) for x, row in members if row["response"].startswith(opening)]
+        assert len(anchored) == (1 if kind == "harmful" else 0)
+        for x, row in anchored:  # blue's own prompt; the opening's tokens are the answer's first, so GRPO trains them
+            assert x.prompt_ids == engine.encode(blue_messages(row["wrapped"]))
+            assert x.completion_ids[: len(forced)] == forced and len(x.completion_ids) > len(forced)
+            assert x.reward is not None
+    assert sorted(kinds) == ["benign", "benign", "harmful", "harmful"]
+    assert "anchor_reward_mean" in result.metrics and "anchor_advantage_mean" in result.metrics
+    with pytest.raises(ValueError, match="no room for a sampled answer"):
+        build_recipe({"phases": {"blue": {"refusal_anchor": "guide", "greedy_member": True, "group_size": 2}}})
+    with pytest.raises(ValueError, match="only blue"):
+        build_recipe({"phases": {"eval": {"refusal_anchor": "refuse"}}})

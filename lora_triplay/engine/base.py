@@ -63,6 +63,9 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float] | None = None
     finished: bool = True  # False when cut by max_new_tokens
+    # its first tokens were forced (a game's opening, moved from the prompt
+    # into token_ids after generation), not sampled from the policy
+    off_policy: bool = False
     request_index: int = 0
     sample_index: int = 0
     # Forced choice only: the probability of each of the request's choices

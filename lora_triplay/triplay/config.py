@@ -44,6 +44,13 @@ class PhaseConfig(_Strict):
         "so the judge and the degenerate penalty also see the mode (a small blue's sampled answers rarely loop while its "
         "greedy ones do)"
     )
+    refusal_anchor: Literal["refuse", "guide"] | None = Field(
+        None, description="blue only: one answer of each harmful request's group is blue's own continuation of a refusal "
+        "opening (templates.yaml warmup_openings: `guide` declines and offers a safe alternative), so the group holds a "
+        "refusal for the judge to pay. Why: in the eighth evidence run (2026-12-04) blue's groups of 8 for plainly asked "
+        "harmful requests held 0 refusals of 16 by iteration 3; a group that all complies has no advantage, so blue "
+        "learnt to refuse red's wrappers but not the requests"
+    )
 
 
 class WarmupConfig(_Strict):
@@ -400,6 +407,16 @@ class TriPlaySections(_Strict):
         for role in ("red", "eval"):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")
+            if getattr(self.phases, role).refusal_anchor:
+                raise ValueError(f"phases.{role}.refusal_anchor: only blue's groups take an anchored refusal; remove it from {role}")
+        blue = self.phases.blue
+        core = getattr(self, "grpo", None)  # the core's sections, when joined into a recipe (recipe.recipe_class)
+        if blue.refusal_anchor and core is not None:
+            group = blue.group_size or core.group_size
+            if group < 2 + int(blue.greedy_member):
+                raise ValueError(f"phases.blue.refusal_anchor: a group of {group} has no room for a sampled answer beside the "
+                                 f"anchored one{' and the greedy one' if blue.greedy_member else ''}; raise phases.blue.group_size "
+                                 f"to {2 + int(blue.greedy_member)} or more, or drop refusal_anchor")
         for role in ("red", "blue"):
             phase = getattr(self.phases, role)
             if phase.objective != "grpo" or phase.label_smoothing:

@@ -11,10 +11,10 @@ is the method.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.faults import crash_point
-from ..engine.base import Request, Sampling
+from ..engine.base import Completion, Request, Sampling
 from ..games.base import StepResult
 from ..judging.fixed import Case
 from ..judging.generic import generic_answers, generic_by_meaning, stock_guidance
@@ -33,7 +33,7 @@ from .rewards import (
     diversity_penalty,
     red_reward,
 )
-from .roles import EVAL, blue_messages, eval_messages, judged_prompt, red_messages, semantic_messages
+from .roles import EVAL, blue_messages, eval_messages, judged_prompt, red_messages, semantic_messages, warmup_opening
 
 SEMANTIC_CHOICES = ("Verdict: yes", "Verdict: no")
 
@@ -348,8 +348,10 @@ class Phases:
         r = self.game.recipe
         prompts = self.blue_prompts(self.game.prompts_of("blue"))
         group = self.game.group_size_of("blue")
-        comps = self.blue_answers([blue_messages(x) for _, x, _, _ in prompts], group)
+        comps = self.blue_answers([blue_messages(x) for _, x, _, _ in prompts], group, [p[2] == "harmful" for p in prompts])
         flat = [(g, prompts[g], c) for g, cs in enumerate(comps) for c in cs]
+        anchored = [c.off_policy for _, _, c in flat]
+        own = [not a for a in anchored]  # blue's own answers: the refusal rates below describe blue, not the anchors
         seen = [judged_prompt(self.judge_view, p[0], p[1]) for _, p, _ in flat]
         labels, soft, bad = self.judge_blue([(x, c.text, p[2]) for x, (_, p, c) in zip(seen, flat)])
         looping = [degenerate(c.text) for _, _, c in flat]
@@ -371,22 +373,25 @@ class Phases:
         ]
         metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
                    **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping]), "generic_rate": mean([float(x) for x in stock])}
+        if any(anchored):  # what the judge pays an anchored refusal against blue's own answers to the same requests
+            metrics["anchor_reward_mean"] = mean([x.reward for x, a in zip(samples, anchored) if a and x.reward is not None])
+            metrics["anchor_advantage_mean"] = mean([x.advantage for x, a in zip(samples, anchored) if a])
         for kind in ("harmful", "benign"):
-            mine = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[2] == kind]
+            mine = [(lab, c) for (_, p, c), lab, o in zip(flat, labels, own) if p[2] == kind and o]
             if mine:
                 metrics.update(rates([lab for lab, _ in mine], f"{kind}_rate_"))
                 # a fixed monitor beside the judge's opinion: the refusal rules (over-refusal on benign prompts)
                 metrics[f"{kind}_refusal_rate"] = mean([float(refused(c.text)) for _, c in mine])
-        plain = [c for _, p, c in flat if p[2] == "harmful" and p[3] == "seeds"]
+        plain = [c for (_, p, c), o in zip(flat, own) if p[2] == "harmful" and p[3] == "seeds" and o]
         if plain and r.data.blue_attacks == "red":  # data.raw_share: blue on harmful requests asked as written
             metrics["raw_refusal_rate"] = mean([float(refused(c.text)) for c in plain])
-        old_attacks = [(lab, c) for (_, p, c), lab in zip(flat, labels) if p[3].startswith("red@")]
+        old_attacks = [(lab, c) for (_, p, c), lab, o in zip(flat, labels, own) if p[3].startswith("red@") and o]
         if old_attacks:  # blue against attacks written by past reds (league.py)
             metrics.update(rates([lab for lab, _ in old_attacks], "league_rate_"))
             metrics["league_refusal_rate"] = mean([float(refused(c.text)) for _, c in old_attacks])
             record = self.game.state.setdefault("league_record", {})
-            for (_, p, _), lab in zip(flat, labels):  # a past red wins when blue's answer is the attack's success
-                if p[3].startswith("red@") and lab is not None:
+            for (_, p, _), lab, o in zip(flat, labels, own):  # a past red wins when blue's answer is the attack's success
+                if p[3].startswith("red@") and lab is not None and o:
                     tally(record, p[3], 1, int(lab == r.rewards.success_class))
         metrics["completion_tokens"] = mean(len(c.token_ids) for _, _, c in flat)
         transcripts = [
@@ -395,20 +400,42 @@ class Phases:
         ]
         return step_result(samples, metrics, eval_pairs=eval_rows, transcripts=transcripts)
 
-    def blue_answers(self, chats: list, group: int) -> list:
-        """Blue's group for each chat: `group` samples, or with
-        phases.blue.greedy_member `group - 1` samples and the greedy answer.
-        Measured 2026-12-02 on the third evidence run's final blue (seed 0,
-        JBB harmful): 15% of its greedy answers looped against 0% of its
-        samples at temperature 1, so a penalty on samples never reached the
-        loops users (and the held-out checks) see."""
-        sampling = self.sampling["blue"]
-        if not self.game.recipe.phases.blue.greedy_member:
-            return self.generate("blue", [Request("blue", c, n=group) for c in chats], sampling)
-        greedy = Sampling(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
-        sampled = self.generate("blue", [Request("blue", c, n=group - 1) for c in chats], sampling)
-        modes = self.generate("blue", [Request("blue", c) for c in chats], greedy)
-        return [s + m for s, m in zip(sampled, modes)]
+    def blue_answers(self, chats: list, group: int, harmful: list[bool]) -> list:
+        """Blue's group for each chat: `group` samples; with
+        phases.blue.greedy_member one of them is the greedy answer, and with
+        phases.blue.refusal_anchor one of a harmful request's is an anchored
+        refusal (`anchored_answers`). Greedy: measured 2026-12-02 on the
+        third evidence run's final blue (seed 0, JBB harmful): 15% of its
+        greedy answers looped against 0% of its samples at temperature 1, so
+        a penalty on samples never reached the loops users (and the held-out
+        checks) see."""
+        sampling, cfg = self.sampling["blue"], self.game.recipe.phases.blue
+        anchors = [bool(cfg.refusal_anchor) and h for h in harmful]
+        sizes = [group - int(cfg.greedy_member) - int(a) for a in anchors]
+        groups = self.generate("blue", [Request("blue", c, n=n) for c, n in zip(chats, sizes)], sampling)
+        if cfg.greedy_member:
+            greedy = Sampling(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
+            modes = self.generate("blue", [Request("blue", c) for c in chats], greedy)
+            groups = [s + m for s, m in zip(groups, modes)]
+        if any(anchors):
+            picked = [i for i, a in enumerate(anchors) if a]
+            for i, answer in zip(picked, self.anchored_answers([chats[i] for i in picked], cfg.refusal_anchor)):
+                groups[i] = groups[i] + [answer]
+        return groups
+
+    def anchored_answers(self, chats: list, style: str) -> list[Completion]:
+        """Blue's own continuation of a refusal opening (templates.yaml
+        warmup_openings[style]), sampled like its other answers, with the
+        opening moved from the prompt into the answer: GRPO then trains the
+        opening's tokens too (their log-probs under blue, not the engine's).
+        Off-policy by its first words only, as blue_warmup's kept refusals
+        are; `off_policy` marks it for the metrics."""
+        opening = warmup_opening(style)
+        forced = list(self.game.engine.tokenizer.encode(opening, add_special_tokens=False))
+        out = self.generate("blue", [Request("blue", c, prefix=opening) for c in chats], self.sampling["blue"])
+        return [replace(c, text=opening + c.text, prompt_ids=c.prompt_ids[: len(c.prompt_ids) - len(forced)],
+                        token_ids=forced + list(c.token_ids), logprobs=None, off_policy=True)
+                for (c,) in out]
 
     # ---------------------------------------------------------------- eval
     def eval_step(self, iteration: int, step: int) -> StepResult:
