@@ -109,6 +109,10 @@ VARIANTS = {
     # requests held 0 refusals of 16, so eval's `negative` for every one of them moved nothing
     "main-anchor-s0": ["seed=0", "phases.blue.refusal_anchor=guide"],
     "main-anchor-s1": ["seed=1", "phases.blue.refusal_anchor=guide"],
+    # and the benign groups anchored with the same refusal, which the judge should not pay (refusal_anchor_benign):
+    # the ninth run (main-anchor-*) raised over-refusal on JBB benign + XSTest safe by 30-45 points
+    "main-anchor2-s0": ["seed=0", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
+    "main-anchor2-s1": ["seed=1", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",

@@ -411,6 +411,24 @@ def test_harmful_groups_carry_an_anchored_refusal(role_model):
             assert x.reward is not None
     assert sorted(kinds) == ["benign", "benign", "harmful", "harmful"]
     assert "anchor_reward_mean" in result.metrics and "anchor_advantage_mean" in result.metrics
+    assert "benign_anchor_reward_mean" not in result.metrics
+    # refusal_anchor_benign: the benign groups hold one as well, scored by the benign values
+    s, phases = _session(engine, phases={"blue": {"refusal_anchor": "guide", "refusal_anchor_benign": True, "group_size": 3,
+                                                  "max_new_tokens": 5}},
+                         rewards={"judge_mode": "choice"}, data={"benign_share": 0.5})
+    result = phases.blue_step(1, 1)
+    groups = {}
+    for x, row in zip(result.samples, result.rows["eval_pairs"]):
+        groups.setdefault(x.group, []).append(row)
+    assert len(groups) == 4 and all(len(g) == 3 for g in groups.values())
+    assert all(sum(row["response"].startswith(opening) for row in g) == 1 for g in groups.values())
+    assert {g[0]["kind"] for g in groups.values()} == {"harmful", "benign"}
+    assert "benign_anchor_reward_mean" in result.metrics and "anchor_reward_mean" in result.metrics
+    benign_refusal_rate = result.metrics.get("benign_refusal_rate")  # blue's own answers only: the anchors are not blue's
+    own_benign = [r for g in groups.values() for r in g if r["kind"] == "benign" and not r["response"].startswith(opening)]
+    assert len(own_benign) == 4 and benign_refusal_rate is not None
+    with pytest.raises(ValueError, match="refusal_anchor_benign.*set phases.blue.refusal_anchor"):
+        build_recipe({"phases": {"blue": {"refusal_anchor_benign": True}}})
     with pytest.raises(ValueError, match="no room for a sampled answer"):
         build_recipe({"phases": {"blue": {"refusal_anchor": "guide", "greedy_member": True, "group_size": 2}}})
     with pytest.raises(ValueError, match="only blue"):

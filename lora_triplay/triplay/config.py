@@ -51,6 +51,12 @@ class PhaseConfig(_Strict):
         "harmful requests held 0 refusals of 16 by iteration 3; a group that all complies has no advantage, so blue "
         "learnt to refuse red's wrappers but not the requests"
     )
+    refusal_anchor_benign: bool = Field(
+        False, description="blue only, with refusal_anchor: the benign stream's groups take an anchored refusal too, one "
+        "the judge should not pay (the rule expert calls it `rejective`): the opening's tokens are then pushed up on "
+        "harmful requests and down on benign ones, by the request and not by how often blue refuses. Why: with harmful "
+        "anchors only (ninth evidence run, 2026-12-04) over-refusal on JBB benign + XSTest safe rose 1.7 -> 31.7 / 46.7"
+    )
 
 
 class WarmupConfig(_Strict):
@@ -407,9 +413,12 @@ class TriPlaySections(_Strict):
         for role in ("red", "eval"):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")
-            if getattr(self.phases, role).refusal_anchor:
+            if getattr(self.phases, role).refusal_anchor or getattr(self.phases, role).refusal_anchor_benign:
                 raise ValueError(f"phases.{role}.refusal_anchor: only blue's groups take an anchored refusal; remove it from {role}")
         blue = self.phases.blue
+        if blue.refusal_anchor_benign and not blue.refusal_anchor:
+            raise ValueError("phases.blue.refusal_anchor_benign: anchors the benign groups with the opening of "
+                             "phases.blue.refusal_anchor, which is unset; set phases.blue.refusal_anchor=guide (or refuse)")
         core = getattr(self, "grpo", None)  # the core's sections, when joined into a recipe (recipe.recipe_class)
         if blue.refusal_anchor and core is not None:
             group = blue.group_size or core.group_size

@@ -373,9 +373,11 @@ class Phases:
         ]
         metrics = {**reward_stats([x.reward for x in samples]), "judge_malformed": float(bad), **rates(labels, "rate_"),
                    **grpo_metrics, "degenerate_rate": mean([float(x) for x in looping]), "generic_rate": mean([float(x) for x in stock])}
-        if any(anchored):  # what the judge pays an anchored refusal against blue's own answers to the same requests
-            metrics["anchor_reward_mean"] = mean([x.reward for x, a in zip(samples, anchored) if a and x.reward is not None])
-            metrics["anchor_advantage_mean"] = mean([x.advantage for x, a in zip(samples, anchored) if a])
+        for kind, prefix in (("harmful", ""), ("benign", "benign_")):  # what the judge pays an anchored refusal, against
+            mine = [x for x, a in zip(samples, anchored) if a and x.kind == kind]  # blue's own answers to the same requests
+            if mine:
+                metrics[f"{prefix}anchor_reward_mean"] = mean([x.reward for x in mine if x.reward is not None])
+                metrics[f"{prefix}anchor_advantage_mean"] = mean([x.advantage for x in mine])
         for kind in ("harmful", "benign"):
             mine = [(lab, c) for (_, p, c), lab, o in zip(flat, labels, own) if p[2] == kind and o]
             if mine:
@@ -404,13 +406,14 @@ class Phases:
         """Blue's group for each chat: `group` samples; with
         phases.blue.greedy_member one of them is the greedy answer, and with
         phases.blue.refusal_anchor one of a harmful request's is an anchored
-        refusal (`anchored_answers`). Greedy: measured 2026-12-02 on the
+        refusal (`anchored_answers`; a benign one's too with
+        refusal_anchor_benign). Greedy: measured 2026-12-02 on the
         third evidence run's final blue (seed 0, JBB harmful): 15% of its
         greedy answers looped against 0% of its samples at temperature 1, so
         a penalty on samples never reached the loops users (and the held-out
         checks) see."""
         sampling, cfg = self.sampling["blue"], self.game.recipe.phases.blue
-        anchors = [bool(cfg.refusal_anchor) and h for h in harmful]
+        anchors = [bool(cfg.refusal_anchor) and (h or cfg.refusal_anchor_benign) for h in harmful]
         sizes = [group - int(cfg.greedy_member) - int(a) for a in anchors]
         groups = self.generate("blue", [Request("blue", c, n=n) for c, n in zip(chats, sizes)], sampling)
         if cfg.greedy_member:
