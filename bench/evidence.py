@@ -110,7 +110,8 @@ VARIANTS = {
     "main-anchor-s0": ["seed=0", "phases.blue.refusal_anchor=guide"],
     "main-anchor-s1": ["seed=1", "phases.blue.refusal_anchor=guide"],
     # and the benign groups anchored with the same refusal, which the judge should not pay (refusal_anchor_benign):
-    # the ninth run (main-anchor-*) raised over-refusal on JBB benign + XSTest safe by 30-45 points
+    # the ninth run (main-anchor-*) raised over-refusal on JBB benign + XSTest safe by 30-45 points. Tenth run
+    # (2026-12-04, s0, bench/results/evidence-anchor2/): blue stopped refusing (JBB ASR 100, over-refusal 0)
     "main-anchor2-s0": ["seed=0", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
     "main-anchor2-s1": ["seed=1", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
 }

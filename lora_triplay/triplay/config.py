@@ -55,7 +55,10 @@ class PhaseConfig(_Strict):
         False, description="blue only, with refusal_anchor: the benign stream's groups take an anchored refusal too, one "
         "the judge should not pay (the rule expert calls it `rejective`): the opening's tokens are then pushed up on "
         "harmful requests and down on benign ones, by the request and not by how often blue refuses. Why: with harmful "
-        "anchors only (ninth evidence run, 2026-12-04) over-refusal on JBB benign + XSTest safe rose 1.7 -> 31.7 / 46.7"
+        "anchors only (ninth evidence run, 2026-12-04) over-refusal on JBB benign + XSTest safe rose 1.7 -> 31.7 / 46.7. "
+        "Off by default: in the tenth run (seed 0, bench/results/evidence-anchor2/) the benign anchors' advantage "
+        "(-1.5 to -2.0) outweighed the harmful ones' (+0.3 to +1.1) on the same opening, and blue stopped refusing "
+        "anything (JBB ASR 100, over-refusal 0 at the end)"
     )
 
 
