@@ -86,10 +86,11 @@ def main() -> None:
     ap.add_argument("--adapters", default="base,blue")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=40)
+    ap.add_argument("--iteration", type=int, default=None, help="the adapters of this iteration (default: the latest)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     t0 = time.time()
-    run = open_run(Path(args.run))
+    run = open_run(Path(args.run), args.iteration)
     held = Path(args.heldout)
     sets = {
         "jbb-harmful": csv_column(held / "jbb-harmful.csv", "goal"),
@@ -98,7 +99,7 @@ def main() -> None:
     }
     # the first token of blue's taught refusal ("I" of "I can't help with that ...")
     token = run.tokenizer(warmup_opening("guide"), add_special_tokens=False)["input_ids"][0]
-    result = {"run": args.run, "refusal_token": run.tokenizer.decode([token]), "samples": args.samples, "adapters": {}}
+    result = {"run": args.run, "iteration": args.iteration, "refusal_token": run.tokenizer.decode([token]), "samples": args.samples, "adapters": {}}
     for adapter in args.adapters.split(","):
         result["adapters"][adapter] = {name: measure(run, adapter, prompts, args.samples, args.max_new, token)
                                        for name, prompts in sets.items()}
