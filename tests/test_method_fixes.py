@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from lora_triplay.engine.base import Completion
+from lora_triplay.judging.refusals import refused
 from lora_triplay.recipe import build_recipe
 from lora_triplay.triplay.defenders import Defender, resolve
 from lora_triplay.triplay.experts import ExpertPanel
@@ -412,7 +413,7 @@ def test_harmful_groups_carry_an_anchored_refusal(role_model):
     assert sorted(kinds) == ["benign", "benign", "harmful", "harmful"]
     assert "anchor_reward_mean" in result.metrics and "anchor_advantage_mean" in result.metrics
     assert "benign_anchor_reward_mean" not in result.metrics
-    # refusal_anchor_benign: the benign groups hold one as well, scored by the benign values
+    # refusal_anchor_benign: the benign groups hold one as well
     s, phases = _session(engine, phases={"blue": {"refusal_anchor": "guide", "refusal_anchor_benign": True, "group_size": 3,
                                                   "max_new_tokens": 5}},
                          rewards={"judge_mode": "choice"}, data={"benign_share": 0.5})
@@ -424,9 +425,10 @@ def test_harmful_groups_carry_an_anchored_refusal(role_model):
     assert all(sum(row["response"].startswith(opening) for row in g) == 1 for g in groups.values())
     assert {g[0]["kind"] for g in groups.values()} == {"harmful", "benign"}
     assert "benign_anchor_reward_mean" in result.metrics and "anchor_reward_mean" in result.metrics
-    benign_refusal_rate = result.metrics.get("benign_refusal_rate")  # blue's own answers only: the anchors are not blue's
+    # the benign refusal rate describes blue's own answers: the anchors (refusals by construction) stay out of it
     own_benign = [r for g in groups.values() for r in g if r["kind"] == "benign" and not r["response"].startswith(opening)]
-    assert len(own_benign) == 4 and benign_refusal_rate is not None
+    assert len(own_benign) == 4
+    assert result.metrics["benign_refusal_rate"] == pytest.approx(sum(refused(r["response"]) for r in own_benign) / 4)
     with pytest.raises(ValueError, match="refusal_anchor_benign.*set phases.blue.refusal_anchor"):
         build_recipe({"phases": {"blue": {"refusal_anchor_benign": True}}})
     with pytest.raises(ValueError, match="no room for a sampled answer"):

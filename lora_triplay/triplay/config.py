@@ -417,7 +417,8 @@ class TriPlaySections(_Strict):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")
             if getattr(self.phases, role).refusal_anchor or getattr(self.phases, role).refusal_anchor_benign:
-                raise ValueError(f"phases.{role}.refusal_anchor: only blue's groups take an anchored refusal; remove it from {role}")
+                raise ValueError(f"phases.{role}.refusal_anchor(_benign): only blue's groups take an anchored refusal; "
+                                 f"remove it from {role}")
         blue = self.phases.blue
         if blue.refusal_anchor_benign and not blue.refusal_anchor:
             raise ValueError("phases.blue.refusal_anchor_benign: anchors the benign groups with the opening of "
