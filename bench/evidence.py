@@ -88,6 +88,12 @@ VARIANTS = {
     # token becomes a choice between two openings (bench/refusal_margin.py: greedy refused 55% of JBB benign
     # where samples refused 37%, with 33% of the first token's mass on the refusal's "I")
     "warm-only-sure": WARM_ONLY + ["phases.blue_warmup.benign_opening=Sure!"],
+    # blue's LoRA on the upper half of the base's 30 layers only (lora.layers): a linear probe on the frozen base
+    # (bench/harm_probe.py) tells JBB harmful from benign at AUC 0.84-0.88 from layers 18-30, 0.69-0.77 from 6-12,
+    # where the warm-started blue's refusal does at 0.73 (bench/refusal_margin.py): does blue refuse by topic
+    # because its adapter reads the shallow layers?
+    "warm-only-upper": WARM_ONLY + ["lora.layers=15-29"],
+    "warm-only-deep": WARM_ONLY + ["lora.layers=20-29"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
     "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],
     # the main run with it
@@ -118,7 +124,7 @@ VARIANTS = {
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
-                  "warm-only-wide-long": "blue", "warm-only-sure": "blue",
+                  "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
                   "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40

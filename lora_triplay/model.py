@@ -132,6 +132,7 @@ def peft_lora_config(cfg: LoraConfig):
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
+        layers_to_transform=list(cfg.layers) if cfg.layers is not None else None,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -147,6 +148,10 @@ def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str]):
     from peft import get_peft_model
 
     names = list(names)
+    depth = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+    if cfg.layers is not None and depth is not None and max(cfg.layers) >= depth:
+        raise ModelError(f"lora.layers = {cfg.layers}: this base has {depth} decoder layers (0-{depth - 1}); "
+                         f"pick indices below {depth}")
     torch.manual_seed(seed)
     try:
         model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])
@@ -292,7 +297,8 @@ def load_adapter_weights(model, adapter: str, folder: Path, expect_rank: int | N
         raise ModelError(f"{folder}: the adapter does not fit this base model ({first}); was it trained on another base?") from None
     missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
     if missing:
-        raise ModelError(f"{folder}: {len(missing)} adapter tensors do not fit this base (e.g. {missing[0]}); was it trained on another base model?")
+        raise ModelError(f"{folder}: {len(missing)} adapter tensors do not fit this base (e.g. {missing[0]}); was it trained on "
+                         "another base model, or with other lora.layers / lora.target_modules?")
 
 
 def add_frozen_adapter(model, name: str, folder: Path, lora: LoraConfig) -> None:

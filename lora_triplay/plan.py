@@ -96,12 +96,13 @@ class Shape:
     def linear_params(self) -> int:
         return self.layers * sum(a * b for a, b in self.linears().values())
 
-    def lora_params(self, rank: int, targets: list[str]) -> int:
+    def lora_params(self, rank: int, targets: list[str], layers: list[int] | None = None) -> int:
         shapes = self.linears()
         unknown = [t for t in targets if t not in shapes]
         if unknown:
             raise PlanError(f"lora.target_modules {unknown} are not linear layers plan knows ({', '.join(shapes)})")
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+        carrying = self.layers if layers is None else sum(0 <= i < self.layers for i in layers)
+        return carrying * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
@@ -214,7 +215,7 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
     shape = shape or load_shape(r.model.base, r.model.revision, r.model.trust_remote_code)
     dtype_b = DTYPE_BYTES[r.model.dtype]
     params = shape.params()
-    lora = shape.lora_params(r.lora.rank, list(r.lora.target_modules))
+    lora = shape.lora_params(r.lora.rank, list(r.lora.target_modules), r.lora.layers)
     plan = Plan(shape, gpus, gpu_memory_gb, params, lora)
     add = plan.items.append
 

@@ -70,6 +70,30 @@ class LoraConfig(_Strict):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1,
     )
+    layers: list[int] | None = Field(
+        None, description="the decoder layers (0-based) that carry LoRA, as a list or a range `A-B` (both included); "
+        "default: every layer. Why one might: a linear probe on the frozen 135M base (bench/harm_probe.py) tells "
+        "harmful from benign requests at AUC 0.84-0.88 from the hidden states after layers 18, 24 and 30 of 30, at "
+        "0.69-0.77 after layers 6 and 12")
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layer_range(cls, v):
+        if isinstance(v, str):
+            first, sep, last = v.partition("-")
+            if not (sep and first.strip().isdigit() and last.strip().isdigit()) or int(first) > int(last):
+                raise ValueError(f"lora.layers = {v!r}: write a range `A-B` with A <= B (e.g. 15-29) or a list [15, 16, ...]")
+            return list(range(int(first), int(last) + 1))
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_valid(cls, v):
+        if v is None:
+            return v
+        if not v or min(v) < 0 or len(set(v)) != len(v):
+            raise ValueError(f"lora.layers = {v}: give distinct layer indices >= 0 (or leave it unset for every layer)")
+        return sorted(v)
 
 
 class EngineConfig(_Strict):

@@ -79,3 +79,38 @@ def test_saved_adapter_state_equals_peft_own(role_model, tmp_path, adapter):
     assert sorted(saved) == sorted(peft_state)
     for key, value in peft_state.items():
         assert torch.equal(saved[key], value.detach().cpu()), key
+
+
+def test_lora_layers_put_adapters_on_those_layers_only(tiny_model_dir, tmp_path):
+    """`lora.layers`: every role's adapter sits on the chosen decoder layers
+    only; a snapshot of it loads back into the same layout, and an index the
+    base does not have is a clear error."""
+    from lora_triplay.model import attach_role_adapters, load_base
+    from lora_triplay.recipe import LoraConfig, ModelConfig
+
+    base, _, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
+    depth = base.config.num_hidden_layers
+    assert depth >= 2
+    model = attach_role_adapters(base, LoraConfig(rank=4, alpha=8, layers=f"{depth - 1}-{depth - 1}"), seed=0,
+                                 names=["red", "blue"])
+    carrying = {int(n.split(".layers.")[1].split(".")[0]) for n, _ in model.named_parameters() if "lora_" in n}
+    assert carrying == {depth - 1}
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["layers_to_transform"] == [depth - 1]
+    load_adapter_weights(model, "blue", tmp_path)  # same layout: fits
+
+    base, _, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
+    with pytest.raises(ModelError, match=f"this base has {depth} decoder layers"):
+        attach_role_adapters(base, LoraConfig(rank=4, alpha=8, layers=[depth]), seed=0, names=["red"])
+
+
+def test_an_every_layer_adapter_does_not_load_into_a_some_layers_slot(role_model, tiny_model_dir, tmp_path):
+    from lora_triplay.model import attach_role_adapters, load_base
+    from lora_triplay.recipe import LoraConfig, ModelConfig
+
+    model, _ = role_model  # every layer
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    base, _, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
+    some = attach_role_adapters(base, LoraConfig(rank=4, alpha=8, layers=[0]), seed=0, names=["red"])
+    with pytest.raises(ModelError, match="lora.layers"):
+        load_adapter_weights(some, "red", tmp_path)

@@ -31,6 +31,11 @@ def test_counts_equal_the_real_model_and_peft(base):
     assert shape.params() == sum(p.numel() for p in model.parameters())
     peft = get_peft_model(model, LoraConfig(r=16, target_modules=TARGETS))
     assert shape.lora_params(16, TARGETS) == sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    upper = list(range(shape.layers // 2, shape.layers))  # lora.layers: the upper half
+    peft = get_peft_model(model, LoraConfig(r=16, target_modules=TARGETS, layers_to_transform=upper))
+    assert shape.lora_params(16, TARGETS, upper) == sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
 
 
 def test_tiny_model_shape_is_read_from_its_folder(tiny_model_dir):

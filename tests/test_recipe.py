@@ -154,6 +154,18 @@ def test_dotted_overrides_parse_to_the_field_types():
     assert r.model.base == "some/other"
 
 
+def test_lora_layers_as_a_range_or_a_list():
+    assert load_recipe(_recipe("smoke"), ["lora.layers=15-17"]).lora.layers == [15, 16, 17]
+    assert load_recipe(_recipe("smoke"), ["lora.layers=[3,1]"]).lora.layers == [1, 3]
+    assert load_recipe(_recipe("smoke")).lora.layers is None  # every layer
+
+
+@pytest.mark.parametrize("value, needle", [("9-3", "A <= B"), ("[1,1]", "distinct"), ("[-1]", "distinct"), ("top", "A-B")])
+def test_bad_lora_layers_are_clear(tmp_path, value, needle):
+    msg = _error(tmp_path, f"lora: {{layers: {value}}}\n")
+    assert "lora.layers" in msg and needle in msg
+
+
 def test_override_creates_a_missing_section_and_wins_over_the_file():
     r = load_recipe(_recipe("tiny"), ["run.name=demo", "iterations=3", "model.enable_thinking=true"])
     assert (r.run.name, r.iterations, r.model.enable_thinking) == ("demo", 3, True)
