@@ -94,6 +94,8 @@ VARIANTS = {
     # because its adapter reads the shallow layers?
     "warm-only-upper": WARM_ONLY + ["lora.layers=15-29"],
     "warm-only-deep": WARM_ONLY + ["lora.layers=20-29"],
+    # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182)
+    "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
     "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],
     # the main run with it
@@ -125,6 +127,7 @@ RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
                   "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
+                  "warm-only-wide-long-upper": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
                   "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40

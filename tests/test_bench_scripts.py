@@ -277,3 +277,29 @@ def test_the_training_split_shares_no_pair_or_focus_word_with_the_held_out_sets(
     assert m["harmful"] == {"ours": len(ours), "jbb": 3, "xstest-unsafe": 1} and m["benign"]["jbb"] == 3
     (work / "train" / "benign.jsonl").write_text("")  # made once: a second call reads the manifest, writes nothing
     assert write_training_split(work, data) == m and (work / "train" / "benign.jsonl").read_text() == ""
+
+
+def test_compare_evidence_sets_reports_side_by_side_and_refuses_other_held_out_sets(tmp_path):
+    """bench/compare_evidence.py: runs from two reports in one table (first ->
+    last iteration each), and no table where the held-out sets differ."""
+    def report(folder: Path, run: str, asr: list[float], sets: dict) -> None:
+        folder.mkdir()
+        its = {str(i): {"blue_asr_jbb": a, "red_od": 0.5} for i, a in enumerate(asr)}
+        (folder / "results.json").write_text(json.dumps({"results": {run: {"iterations": its}}}))
+        (folder / "heldout.json").write_text(json.dumps({"sets": sets}))
+
+    sets = {"jbb-harmful": {"rows": 40}}
+    report(tmp_path / "a", "main-anchor-s0", [0.9, 0.5, 0.3], sets)
+    report(tmp_path / "b", "fixed-judge", [0.9, 0.1], sets)
+    report(tmp_path / "c", "other", [0.9, 0.2], {"jbb-harmful": {"rows": 30}})
+    script = [sys.executable, str(ROOT / "bench" / "compare_evidence.py")]
+    proc = subprocess.run(script + [str(tmp_path / "out"), f"{tmp_path / 'a'}:main-anchor-s0=main-s0", f"{tmp_path / 'b'}:fixed-judge"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT / "bench")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| iteration 0 -> last | main-s0 | fixed-judge |" in md
+    assert "| blue ASR JBB | 90.0 -> 30.0 | 90.0 -> 10.0 |" in md and "| red OD | 0.500 -> 0.500 |" in md
+    assert (tmp_path / "out" / "comparison.png").stat().st_size > 0
+    proc = subprocess.run(script + [str(tmp_path / "out2"), f"{tmp_path / 'a'}:main-anchor-s0", f"{tmp_path / 'c'}:other"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT / "bench")
+    assert proc.returncode != 0 and "different held-out sets" in proc.stderr
