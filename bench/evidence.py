@@ -91,10 +91,11 @@ VARIANTS = {
     # blue's LoRA on the upper half of the base's 30 layers only (lora.layers): a linear probe on the frozen base
     # (bench/harm_probe.py) tells JBB harmful from benign at AUC 0.84-0.88 from layers 18-30, 0.69-0.77 from 6-12,
     # where the warm-started blue's refusal does at 0.73 (bench/refusal_margin.py): does blue refuse by topic
-    # because its adapter reads the shallow layers?
+    # because its adapter reads the shallow layers? Measured 2026-12-04 (BENCHMARKS.md): no, AUC 0.71 / 0.71 against 0.73
     "warm-only-upper": WARM_ONLY + ["lora.layers=15-29"],
     "warm-only-deep": WARM_ONLY + ["lora.layers=20-29"],
-    # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182)
+    # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182).
+    # Measured 2026-12-04: AUC 0.75 (every layer, same data: 0.78; the recipe's 64 requests: 0.73)
     "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
     "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],

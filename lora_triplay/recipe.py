@@ -74,7 +74,8 @@ class LoraConfig(_Strict):
         None, description="the decoder layers (0-based) that carry LoRA, as a list or a range `A-B` (both included); "
         "default: every layer. Why one might: a linear probe on the frozen 135M base (bench/harm_probe.py) tells "
         "harmful from benign requests at AUC 0.84-0.88 from the hidden states after layers 18, 24 and 30 of 30, at "
-        "0.69-0.77 after layers 6 and 12")
+        "0.69-0.77 after layers 6 and 12; measured on blue's warm start (2026-12-04, bench/BENCHMARKS.md), the upper "
+        "half or third did not sharpen when blue refuses (AUC 0.71 against 0.73)")
 
     @field_validator("layers", mode="before")
     @classmethod
