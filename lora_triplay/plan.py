@@ -101,7 +101,9 @@ class Shape:
         unknown = [t for t in targets if t not in shapes]
         if unknown:
             raise PlanError(f"lora.target_modules {unknown} are not linear layers plan knows ({', '.join(shapes)})")
-        carrying = self.layers if layers is None else sum(0 <= i < self.layers for i in layers)
+        if layers is not None and max(layers) >= self.layers:
+            raise PlanError(f"lora.layers = {layers}: this base has {self.layers} decoder layers (0-{self.layers - 1})")
+        carrying = self.layers if layers is None else len(layers)
         return carrying * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_triplay.plan import SHIPPED, Shape, load_shape, make_plan
+from lora_triplay.plan import SHIPPED, PlanError, Shape, load_shape, make_plan
 from lora_triplay.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +36,8 @@ def test_counts_equal_the_real_model_and_peft(base):
     upper = list(range(shape.layers // 2, shape.layers))  # lora.layers: the upper half
     peft = get_peft_model(model, LoraConfig(r=16, target_modules=TARGETS, layers_to_transform=upper))
     assert shape.lora_params(16, TARGETS, upper) == sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
+    with pytest.raises(PlanError, match=f"this base has {shape.layers} decoder layers"):
+        shape.lora_params(16, TARGETS, [shape.layers])
 
 
 def test_tiny_model_shape_is_read_from_its_folder(tiny_model_dir):
