@@ -149,9 +149,8 @@ def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str]):
 
     names = list(names)
     depth = getattr(getattr(base, "config", None), "num_hidden_layers", None)
-    if cfg.layers is not None and depth is not None and max(cfg.layers) >= depth:
-        raise ModelError(f"lora.layers = {cfg.layers}: this base has {depth} decoder layers (0-{depth - 1}); "
-                         f"pick indices below {depth}")
+    if depth is not None and (wrong := cfg.layers_beyond(depth)):
+        raise ModelError(wrong)
     torch.manual_seed(seed)
     try:
         model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])

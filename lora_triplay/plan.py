@@ -97,12 +97,11 @@ class Shape:
         return self.layers * sum(a * b for a, b in self.linears().values())
 
     def lora_params(self, rank: int, targets: list[str], layers: list[int] | None = None) -> int:
+        """LoRA parameters of one adapter; `layers`: lora.layers, already checked against the depth (make_plan)."""
         shapes = self.linears()
         unknown = [t for t in targets if t not in shapes]
         if unknown:
             raise PlanError(f"lora.target_modules {unknown} are not linear layers plan knows ({', '.join(shapes)})")
-        if layers is not None and max(layers) >= self.layers:
-            raise PlanError(f"lora.layers = {layers}: this base has {self.layers} decoder layers (0-{self.layers - 1})")
         carrying = self.layers if layers is None else len(layers)
         return carrying * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
 
@@ -217,6 +216,8 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
     shape = shape or load_shape(r.model.base, r.model.revision, r.model.trust_remote_code)
     dtype_b = DTYPE_BYTES[r.model.dtype]
     params = shape.params()
+    if wrong := r.lora.layers_beyond(shape.layers):
+        raise PlanError(wrong)
     lora = shape.lora_params(r.lora.rank, list(r.lora.target_modules), r.lora.layers)
     plan = Plan(shape, gpus, gpu_memory_gb, params, lora)
     add = plan.items.append

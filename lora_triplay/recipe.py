@@ -96,6 +96,12 @@ class LoraConfig(_Strict):
             raise ValueError(f"lora.layers = {v}: give distinct layer indices >= 0 (or leave it unset for every layer)")
         return sorted(v)
 
+    def layers_beyond(self, depth: int) -> str | None:
+        """What is wrong with `layers` on a base of `depth` decoder layers, or None (run and plan both ask)."""
+        if self.layers is not None and max(self.layers) >= depth:
+            return f"lora.layers = {self.layers}: this base has {depth} decoder layers (0-{depth - 1}); pick indices below {depth}"
+        return None
+
 
 class EngineConfig(_Strict):
     backend: Literal["hf", "vllm"] = "hf"

@@ -97,7 +97,15 @@ def test_lora_layers_put_adapters_on_those_layers_only(tiny_model_dir, tmp_path)
     assert carrying == {depth - 1}
     save_adapter(model, "red", tmp_path, "tiny", atomic_write)
     assert json.loads((tmp_path / "adapter_config.json").read_text())["layers_to_transform"] == [depth - 1]
-    load_adapter_weights(model, "blue", tmp_path)  # same layout: fits
+    with torch.no_grad():  # blue's B is zero at init: give red's something to carry over
+        for n, prm in model.named_parameters():
+            if ".red." in n and "lora_B" in n:
+                prm.normal_()
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    load_adapter_weights(model, "blue", tmp_path)  # same layout: fits, and blue now holds red's weights
+    red = {n.replace(".red.", "."): p for n, p in model.named_parameters() if ".red." in n}
+    blue = {n.replace(".blue.", "."): p for n, p in model.named_parameters() if ".blue." in n}
+    assert red.keys() == blue.keys() and all(torch.equal(red[k], blue[k]) for k in red)
 
     base, _, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
     with pytest.raises(ModelError, match=f"this base has {depth} decoder layers"):

@@ -36,8 +36,14 @@ def test_counts_equal_the_real_model_and_peft(base):
     upper = list(range(shape.layers // 2, shape.layers))  # lora.layers: the upper half
     peft = get_peft_model(model, LoraConfig(r=16, target_modules=TARGETS, layers_to_transform=upper))
     assert shape.lora_params(16, TARGETS, upper) == sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
-    with pytest.raises(PlanError, match=f"this base has {shape.layers} decoder layers"):
-        shape.lora_params(16, TARGETS, [shape.layers])
+
+
+def test_lora_layers_beyond_the_base_are_refused_by_plan():
+    recipe = load_recipe(ROOT / "recipes" / "8b.yaml", ["lora.layers=30-36"])  # Qwen3-8B: layers 0-35
+    with pytest.raises(PlanError, match="this base has 36 decoder layers"):
+        make_plan(recipe, gpu_memory_gb=80)
+    every = make_plan(load_recipe(ROOT / "recipes" / "8b.yaml"), gpu_memory_gb=80).lora_params
+    assert make_plan(load_recipe(ROOT / "recipes" / "8b.yaml", ["lora.layers=18-35"]), gpu_memory_gb=80).lora_params * 2 == every
 
 
 def test_tiny_model_shape_is_read_from_its_folder(tiny_model_dir):
