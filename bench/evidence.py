@@ -97,6 +97,11 @@ VARIANTS = {
     # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182).
     # Measured 2026-12-04: AUC 0.75 (every layer, same data: 0.78; the recipe's 64 requests: 0.73)
     "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
+    # blue also learns its first words' decision (triplay/blue_decision.py) on every builtin request (224: the
+    # refusal's opening against its own greedy one, 8 tokens each): the one lever that moved the AUC was more
+    # requests, and the decision is where greedy decoding refuses or answers
+    "warm-only-decision": WARM_ONLY + ["phases.blue_warmup.decision_requests=224"],
+    "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
     "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],
     # the main run with it
@@ -128,7 +133,7 @@ RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
                   "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
-                  "warm-only-wide-long-upper": "blue",
+                  "warm-only-wide-long-upper": "blue", "warm-only-decision": "blue", "warm-only-decision-long": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
                   "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40

@@ -11,8 +11,9 @@ from test_method_fixes import Scripted, _session
 from lora_triplay.core.store import RunStore
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig, build_recipe
+from lora_triplay.training.forward import FULL
 from lora_triplay.training.grpo import GrpoLearner
-from lora_triplay.training.supervised import ChoiceExample
+from lora_triplay.training.supervised import ChoiceExample, _Row
 from lora_triplay.triplay.blue_warmup import batch_of, echoes, first_sentence, keep, safe_alternative
 from lora_triplay.triplay.config import phases_of
 from lora_triplay.triplay.loop import Phases
@@ -256,3 +257,65 @@ def test_each_warm_start_trains_its_role_at_its_own_rate_or_the_roles():
     decay = TriPlay(build_recipe({"phases": {"eval_warmup": {"steps": 5, "lr": 1e-3, "lr_end": 2e-4}}}))
     assert [round(decay.phase_lr("eval_warmup", s, 5), 6) for s in range(1, 6)] == [1e-3, 8e-4, 6e-4, 4e-4, 2e-4]
     assert decay.phase_lr("eval", 3, 5) == decay.recipe.grpo.lr  # eval's later phases keep their rate
+
+
+def test_the_decision_sets_the_refusal_opening_against_blue_own_and_a_resumed_run_learns_the_same(role_model, tmp_path):
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=4, decision_tokens=6)
+    result = phases.blue_warmup.step(1, 1)
+    rows = result.rows["blue_decisions"]
+    refusal = tok.encode(GUIDE, add_special_tokens=False)[:6]
+    assert [x["kind"] for x in rows].count("harmful") == 4 and [x["kind"] for x in rows].count("benign") == 4
+    assert all(x["refusal_ids"] == refusal and x["opening_ids"] == [3, 4] for x in rows)  # blue's own tokens, as generated
+    assert result.metrics["decision_pairs"] == 8.0 and result.metrics["decision_examples"] == 4.0
+    # the untrained blue's own opening: greedy, under its own prompt, no words forced, decision_tokens long
+    own = [r for r in engine.requests if r.adapter == "blue" and not r.prefix and r.messages[-1]["content"] in {x["asked"] for x in rows}]
+    assert own and all(r.messages == blue_messages(r.messages[-1]["content"]) for r in own)
+    decisions = [e for e in result.examples if len(e.choices) == 2]
+    assert len(decisions) == 4 and [e.kind for e in decisions].count("harmful") == 2  # balanced, as the kept answers
+    for e in decisions:
+        x = next(r for r in rows if engine.encode(blue_messages(r["asked"])) == e.prompt_ids)
+        assert e.choices == [refusal, [3, 4]] and e.gold == (0 if x["kind"] == "harmful" else 1)
+    later = phases.blue_warmup.step(1, 2)
+    assert not later.rows["blue_decisions"] and len([e for e in later.examples if len(e.choices) == 2]) == 4
+    # a resumed run reads the pairs back (game.restore) and draws the same ones
+    s.session.store.append_jsonl("blue_sft", result.rows["blue_sft"])
+    s.session.store.append_jsonl("blue_decisions", rows)
+    s.phases = Phases(s)
+    s.restore(s.session.store)
+    again = s.phases.blue_warmup.step(1, 2)
+    assert [(e.prompt_ids, e.choices, e.gold) for e in again.examples] == [(e.prompt_ids, e.choices, e.gold) for e in later.examples]
+
+
+def test_a_benign_request_blue_already_refuses_is_no_decision_and_decisions_alone_still_learn(role_model, tmp_path):
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=4)
+    engine.answer = lambda adapter, user: "I'm sorry, I can't help with that." if "harmful" not in user and "wrapped" not in user \
+        else "no"  # benign requests refused, harmful ones answered with nothing a rule expert keeps
+    result = phases.blue_warmup.step(1, 1)
+    assert result.metrics["decision_benign_kept_share"] == 0.0 and result.metrics["decision_harmful_kept_share"] == 1.0
+    assert result.metrics["kept_answers"] == 0.0 and len(result.examples) == 4  # no kept answer: the decisions are learnt
+    assert all(e.gold == 0 and e.kind == "harmful" for e in result.examples)
+
+
+def test_learning_the_decision_moves_the_margin_between_openings_each_way(role_model, tmp_path):
+    # the margin log P(refusal opening) - log P(own opening) under blue: learnt on harmful requests it rises, on
+    # benign ones it falls (an own opening as long as the refusal's, so neither side wins by its length alone)
+    model, tok = role_model
+    _, _, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=8, decision_tokens=6)
+    own = tok.encode("Here is a safe and useful answer", add_special_tokens=False)[:6]
+    decisions = [ChoiceExample(e.prompt_ids, [e.choices[0], own], e.gold, e.kind)
+                 for e in phases.blue_warmup.step(1, 1).examples if len(e.choices) == 2]
+    learner = GrpoLearner(model, activate(model, "blue"), GrpoConfig(beta=0.0), lr=5e-3, pad_id=tok.pad_token_id)
+
+    def margins(examples):
+        with torch.no_grad():
+            out = [learner._logprobs([_Row(e.prompt_ids, c) for c in e.choices], FULL) for e in examples]
+            return [float(m[0] - m[1]) for m in ((o.logp * o.cmask).sum(-1) for o in out)]
+
+    for kind, rises in (("harmful", True), ("benign", False)):
+        mine = [e for e in decisions if e.kind == kind]
+        before = margins(mine)
+        losses = [learner.step([], mine).extra["ce_loss"] for _ in range(3)]
+        assert losses[-1] < losses[0], (kind, losses)
+        assert all((b > a) == rises for a, b in zip(before, margins(mine))), (kind, before, margins(mine))

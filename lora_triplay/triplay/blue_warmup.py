@@ -35,6 +35,7 @@ from ..engine.base import Request, Sampling
 from ..judging.quality import degenerate, words
 from ..judging.refusals import names_guidance, rules_label
 from ..training.supervised import ChoiceExample
+from .blue_decision import collect_decisions, decision_examples
 from .results import mean, step_result
 from .roles import blue_messages, styled_blue_messages, warmup_instruction, warmup_opening
 
@@ -50,9 +51,10 @@ class BlueWarmup:
         # the kept answers, from step 1 on (or from blue_sft.jsonl on resume, `restore`): every process
         # keeps its own copy (each computes step 1 alike), none reads a file another may still be writing
         self.kept: list[dict] = []
+        self.decisions: list[dict] = []  # blue_decision.py's pairs of openings (phases.blue_warmup.decision_requests)
 
-    def restore(self, rows) -> None:
-        self.kept = list(rows)
+    def restore(self, rows, decisions=()) -> None:
+        self.kept, self.decisions = list(rows), list(decisions)
 
     def step(self, iteration: int, step: int):
         game = self.p.game
@@ -61,13 +63,15 @@ class BlueWarmup:
         if step == 1:
             t0 = time.perf_counter()
             self.kept, metrics = self.collect(iteration)
+            self.decisions, decided = collect_decisions(self.p, iteration)
+            metrics.update(decided)
             self.p.timings["collect"] = time.perf_counter() - t0
         kept, new_rows = self.kept, (self.kept if step == 1 else [])
-        if not kept:  # the model's doing, not the recipe's: the run goes on, and says so once
-            if step == 1:
-                log.warning("phases.blue_warmup: the rule expert kept none of the untrained blue's %d answers; the warm start "
-                            "learns nothing (raise phases.blue_warmup.candidates, or set its steps to 0)",
-                            cfg.prompts * cfg.candidates)
+        if not kept and step == 1:  # the model's doing, not the recipe's: the run goes on, and says so once
+            log.warning("phases.blue_warmup: the rule expert kept none of the untrained blue's %d answers; the warm start "
+                        "learns %s (raise phases.blue_warmup.candidates, or set its steps to 0)", cfg.prompts * cfg.candidates,
+                        "only its decisions" if self.decisions else "nothing")
+        if not kept and not self.decisions:
             return step_result([], {**metrics, "kept_answers": 0.0})
         batch = batch_of(kept, cfg.prompts_per_step, game.recipe.seed, step, cfg.harmful_share)
         engine = game.engine
@@ -75,12 +79,17 @@ class BlueWarmup:
         examples = [ChoiceExample(ids, [x["completion_ids"]], 0, x["kind"]) for ids, x in zip(prompts, batch)]
         if cfg.refusal_contrast:
             examples += contrasts(batch, prompts, kept, game.recipe.seed)
+        if self.decisions:  # balanced by kind as the kept answers are, in an order of their own
+            chosen = batch_of(self.decisions, cfg.decision_per_step, game.recipe.seed, step, 0.5, name="blue_decision")
+            examples += decision_examples(chosen, [engine.encode(blue_messages(x["asked"])) for x in chosen])
+            metrics["decision_examples"] = float(len(chosen))
         metrics.update({"kept_answers": float(len(kept)), "batch_harmful_share": mean([float(x["kind"] == "harmful") for x in batch]),
                         "completion_tokens": mean([len(x["completion_ids"]) for x in batch])})
         transcripts = [{"phase": "blue_warmup", "iteration": iteration, "step": step, "kind": x["kind"], "prompt": x["asked"],
                         "response": x["response"]} for x in batch[: game.recipe.run.transcripts]]
         result = step_result([], metrics, transcripts=transcripts, examples=examples)
         result.rows["blue_sft"] = new_rows
+        result.rows["blue_decisions"] = self.decisions if step == 1 else []
         return result
 
     def collect(self, iteration: int) -> tuple[list[dict], dict[str, float]]:
@@ -189,13 +198,16 @@ def keep(text: str, kind: str) -> bool:
     return rules_label(text, kind) == "positive" and not degenerate(text)
 
 
-def batch_of(kept: list[dict], size: int, seed: int, step: int, harmful_share: float = 0.5) -> list[dict]:
+def batch_of(kept: list[dict], size: int, seed: int, step: int, harmful_share: float = 0.5,
+             name: str = "blue_warmup") -> list[dict]:
     """Step `step`'s `size` kept answers: `harmful_share` of them refusals to
     harmful requests, the rest helpful answers to benign ones, where both
     kinds were kept (a blue taught only refusals refuses the benign stream
     too); each kind read in a seeded order, epoch after epoch, so every kept
     answer is learnt once before any twice and a resumed run draws the same
-    batch."""
+    batch (`name`: whose order, so two streams of rows draw apart)."""
+    if not kept:
+        return []
     by = {kind: [x for x in kept if x["kind"] == kind] for kind in ("harmful", "benign")}
     before = _harmful_drawn(step - 1, size, harmful_share, by)  # refusals learnt in the steps before this one
     n_harmful = _harmful_drawn(step, size, harmful_share, by) - before
@@ -205,7 +217,7 @@ def batch_of(kept: list[dict], size: int, seed: int, step: int, harmful_share: f
         for j in range(n):
             epoch, pos = divmod(start + j, len(rows))
             order = list(range(len(rows)))
-            random.Random(f"{seed}:blue_warmup:{kind}:{epoch}").shuffle(order)
+            random.Random(f"{seed}:{name}:{kind}:{epoch}").shuffle(order)
             out.append(rows[order[pos]])
     return out
 

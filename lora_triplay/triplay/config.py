@@ -122,6 +122,12 @@ class BlueWarmupConfig(_Strict):
                                 "sampling, learnt with it), e.g. 'Sure!', so blue's first token is a choice between two "
                                 "openings; on the 135M base (2026-12-03) blue then refused harmful and benign requests "
                                 "alike (bench/refusal_margin.py)")
+    decision_requests: int = Field(0, ge=0, description="requests (harmful and benign, as data.benign_share splits them) "
+                                   "whose first words blue learns to choose: the refusal's opening for a harmful one, "
+                                   "the untrained blue's own opening for a benign one (cross-entropy over the two "
+                                   "openings' log-probs, blue_decision.py); 0: off")
+    decision_per_step: int = Field(16, ge=1, description="of those, how many each warm-start step learns")
+    decision_tokens: int = Field(8, ge=1, le=64, description="how many tokens of each opening are compared")
 
 
 class PhasesConfig(_Strict):

@@ -30,7 +30,7 @@ class TriPlay(Game):
     name = "triplay"
     roles = dict(ROLE_ADAPTERS)
     Sections = TriPlaySections
-    jsonl = ("asp", "eval_pairs", "panel", "transcripts", "blue_sft")
+    jsonl = ("asp", "eval_pairs", "panel", "transcripts", "blue_sft", "blue_decisions")
     headline = {
         "red": ("reward_mean", "asr_blue", "asr_base", "semantic_pass_rate", "diversity_penalty", "entropy"),
         "blue": ("reward_mean", "rate_negative", "rate_rejective", "rate_positive", "benign_refusal_rate", "kl"),
@@ -134,7 +134,7 @@ class TriPlay(Game):
     def restore(self, store) -> None:
         self.pool.add([row["text"] for row in store.iter_jsonl("asp")])
         self.data.restore(store)
-        self.phases.blue_warmup.restore(store.iter_jsonl("blue_sft"))
+        self.phases.blue_warmup.restore(store.iter_jsonl("blue_sft"), store.iter_jsonl("blue_decisions"))
 
     def phase_start(self, iteration: int, phase: str) -> None:
         r, st = self.recipe, self.state
