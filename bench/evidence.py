@@ -101,7 +101,12 @@ VARIANTS = {
     # refusal's opening against its own greedy one, 8 tokens each): the one lever that moved the AUC was more
     # requests, and the decision is where greedy decoding refuses or answers
     "warm-only-decision": WARM_ONLY + ["phases.blue_warmup.decision_requests=224"],
+    # the harmful requests of the decision asked as blue's steps ask them (half wrapped by red). Measured 2026-12-04
+    # (at 32e4bbe, where this was the default): JBB harmful refused 15% greedily, benign 10%, AUC 0.71
+    "warm-only-decision-wrapped": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_wrapped=true"],
     "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
+    "main-decision-s0": ["seed=0", "phases.blue_warmup.decision_requests=224"],
+    "main-decision-s1": ["seed=1", "phases.blue_warmup.decision_requests=224"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
     "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],
     # the main run with it
@@ -134,6 +139,7 @@ ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
                   "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
                   "warm-only-wide-long-upper": "blue", "warm-only-decision": "blue", "warm-only-decision-long": "blue",
+                  "warm-only-decision-wrapped": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
                   "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40

@@ -268,6 +268,7 @@ def test_the_decision_sets_the_refusal_opening_against_blue_own_and_a_resumed_ru
     assert [x["kind"] for x in rows].count("harmful") == 4 and [x["kind"] for x in rows].count("benign") == 4
     assert all(x["refusal_ids"] == refusal and x["opening_ids"] == [3, 4] for x in rows)  # blue's own tokens, as generated
     assert result.metrics["decision_pairs"] == 8.0 and result.metrics["decision_examples"] == 4.0
+    assert not any("wrapped" in x["asked"] for x in rows)  # every request as written: a wrap's form is no label
     # the untrained blue's own opening: greedy, under its own prompt, no words forced, decision_tokens long
     own = [r for r in engine.requests if r.adapter == "blue" and not r.prefix and r.messages[-1]["content"] in {x["asked"] for x in rows}]
     assert own and all(r.messages == blue_messages(r.messages[-1]["content"]) for r in own)
@@ -319,3 +320,10 @@ def test_learning_the_decision_moves_the_margin_between_openings_each_way(role_m
         losses = [learner.step([], mine).extra["ce_loss"] for _ in range(3)]
         assert losses[-1] < losses[0], (kind, losses)
         assert all((b > a) == rises for a, b in zip(before, margins(mine))), (kind, before, margins(mine))
+
+
+def test_the_decision_can_ask_harmful_requests_as_blue_steps_do(role_model, tmp_path):
+    _, tok = role_model
+    _, _, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_wrapped=True)
+    rows = phases.blue_warmup.step(1, 1).rows["blue_decisions"]
+    assert sum("wrapped" in x["asked"] for x in rows if x["kind"] == "harmful") == 2  # data.raw_share: half of the 4

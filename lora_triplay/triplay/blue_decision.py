@@ -16,6 +16,15 @@ harmful request and blue's own opening for a benign one. It is a logistic
 loss on the margin between the two openings, which is what greedy decoding
 turns into a refusal or an answer.
 
+The requests are asked as written by default (`decision_wrapped: false`):
+the benign stream is always asked as written, so with red's wraps among the
+harmful ones the form of a prompt would carry the label (a wrap: refuse; a
+plain question: answer, two times in three), and JBB's harmful requests are
+plain questions. Measured 2026-12-04 (seed 0, blue after the warm start
+alone, bench/refusal_margin.py) with the wraps in: blue refused 15% of JBB's
+harmful requests greedily (92.5% without the decision) and 10% of its benign
+ones, at AUC 0.71.
+
 A benign request whose own opening already refuses (the base refused it) is
 left out: its gold would teach a refusal. The rows go to
 `blue_decisions.jsonl` (generated text: they stay in the run folder) so a
@@ -38,7 +47,11 @@ def collect_decisions(phases, iteration: int) -> tuple[list[dict], dict[str, flo
         return [], {}
     k = cfg.decision_tokens
     refusal = game.engine.tokenizer.encode(warmup_opening("guide"), add_special_tokens=False)[:k]
-    asked = [(basic, x, kind) for basic, x, kind, _ in phases.blue_prompts(cfg.decision_requests)]
+    if cfg.decision_wrapped:  # as blue's steps ask them: data.raw_share as written, the rest wrapped by red
+        asked = [(basic, x, kind) for basic, x, kind, _ in phases.blue_prompts(cfg.decision_requests)]
+    else:  # every request as written (see the module's docstring)
+        harmful, benign = game.data.blue_requests(cfg.decision_requests)
+        asked = [(b.prompt, b.prompt, "harmful") for b, _ in harmful] + [(b.prompt, b.prompt, "benign") for b in benign]
     openings = phases.generate("blue", [Request("blue", blue_messages(x)) for _, x, _ in asked],
                                Sampling(max_new_tokens=k, temperature=0.0))
     rows = []

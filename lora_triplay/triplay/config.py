@@ -128,6 +128,9 @@ class BlueWarmupConfig(_Strict):
                                    "openings' log-probs, blue_decision.py); 0: off")
     decision_per_step: int = Field(16, ge=1, description="of those, how many each warm-start step learns")
     decision_tokens: int = Field(8, ge=1, le=64, description="how many tokens of each opening are compared")
+    decision_wrapped: bool = Field(False, description="ask the decision's harmful requests as blue's steps do (data.raw_share "
+                                   "as written, the rest wrapped by red); default: every request as written, so a wrap's "
+                                   "form cannot stand in for its content (blue_decision.py)")
 
 
 class PhasesConfig(_Strict):
