@@ -97,12 +97,13 @@ VARIANTS = {
     # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182).
     # Measured 2026-12-04: AUC 0.75 (every layer, same data: 0.78; the recipe's 64 requests: 0.73)
     "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
-    # blue also learns its first words' decision (triplay/blue_decision.py) on every builtin request (224: the
-    # refusal's opening against its own greedy one, 8 tokens each): the one lever that moved the AUC was more
-    # requests, and the decision is where greedy decoding refuses or answers
+    # blue also learns whether to open with the refusal (triplay/blue_decision.py) on every builtin request (224: its
+    # first 8 tokens learnt where harmful, unlearnt where benign): the one lever that moved the AUC was more requests,
+    # and the opening is where greedy decoding refuses or answers
     "warm-only-decision": WARM_ONLY + ["phases.blue_warmup.decision_requests=224"],
     # the harmful requests of the decision asked as blue's steps ask them (half wrapped by red). Measured 2026-12-04
-    # (at 32e4bbe, where this was the default): JBB harmful refused 15% greedily, benign 10%, AUC 0.71
+    # with the decision's first form (32e4bbe: the refusal's opening against blue's own, a pair): JBB harmful refused
+    # 15% greedily, benign 10%, AUC 0.71; every request as written, 2.5% / 0%, AUC 0.74 (blue_decision.py)
     "warm-only-decision-wrapped": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_wrapped=true"],
     "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
     "main-decision-s0": ["seed=0", "phases.blue_warmup.decision_requests=224"],

@@ -4,6 +4,8 @@ examples are prompted with blue's own system prompt, and that the update
 lowers blue's loss on them and moves blue's adapter alone (the tiny Qwen3)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from test_method_fixes import Scripted, _session
@@ -13,7 +15,7 @@ from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig, build_recipe
 from lora_triplay.training.forward import FULL
 from lora_triplay.training.grpo import GrpoLearner
-from lora_triplay.training.supervised import ChoiceExample, _Row
+from lora_triplay.training.supervised import NONE, ChoiceExample, _Row, unlikelihood
 from lora_triplay.triplay.blue_warmup import batch_of, echoes, first_sentence, keep, safe_alternative
 from lora_triplay.triplay.config import phases_of
 from lora_triplay.triplay.loop import Phases
@@ -259,27 +261,25 @@ def test_each_warm_start_trains_its_role_at_its_own_rate_or_the_roles():
     assert decay.phase_lr("eval", 3, 5) == decay.recipe.grpo.lr  # eval's later phases keep their rate
 
 
-def test_the_decision_sets_the_refusal_opening_against_blue_own_and_a_resumed_run_learns_the_same(role_model, tmp_path):
+def test_the_decision_learns_the_refusal_opening_on_harmful_requests_unlearns_it_on_benign_and_resumes_alike(role_model, tmp_path):
     _, tok = role_model
     engine, s, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=4, decision_tokens=6)
     result = phases.blue_warmup.step(1, 1)
     rows = result.rows["blue_decisions"]
     refusal = tok.encode(GUIDE, add_special_tokens=False)[:6]
     assert [x["kind"] for x in rows].count("harmful") == 4 and [x["kind"] for x in rows].count("benign") == 4
-    assert all(x["refusal_ids"] == refusal and x["opening_ids"] == [3, 4] for x in rows)  # blue's own tokens, as generated
-    assert result.metrics["decision_pairs"] == 8.0 and result.metrics["decision_examples"] == 4.0
+    assert all(x["refusal_ids"] == refusal for x in rows)
     assert not any("wrapped" in x["asked"] for x in rows)  # every request as written: a wrap's form is no label
-    # the untrained blue's own opening: greedy, under its own prompt, no words forced, decision_tokens long
-    own = [r for r in engine.requests if r.adapter == "blue" and not r.prefix and r.messages[-1]["content"] in {x["asked"] for x in rows}]
-    assert own and all(r.messages == blue_messages(r.messages[-1]["content"]) for r in own)
-    decisions = [e for e in result.examples if len(e.choices) == 2]
+    assert result.metrics["decision_requests"] == 8.0 and result.metrics["decision_examples"] == 4.0
+    assert len([r for r in engine.requests if r.adapter == "blue"]) == 8  # the kept answers' requests: a decision generates nothing
+    decisions = result.examples[4:]
     assert len(decisions) == 4 and [e.kind for e in decisions].count("harmful") == 2  # balanced, as the kept answers
     for e in decisions:
-        x = next(r for r in rows if engine.encode(blue_messages(r["asked"])) == e.prompt_ids)
-        assert e.choices == [refusal, [3, 4]] and e.gold == (0 if x["kind"] == "harmful" else 1)
+        x = next(r for r in rows if engine.encode(blue_messages(r["asked"])) == e.prompt_ids)  # under blue's own prompt
+        assert e.choices == [refusal] and e.gold == (0 if x["kind"] == "harmful" else NONE)
     later = phases.blue_warmup.step(1, 2)
-    assert not later.rows["blue_decisions"] and len([e for e in later.examples if len(e.choices) == 2]) == 4
-    # a resumed run reads the pairs back (game.restore) and draws the same ones
+    assert not later.rows["blue_decisions"] and len(later.examples[4:]) == 4
+    # a resumed run reads them back (game.restore) and draws the same ones
     s.session.store.append_jsonl("blue_sft", result.rows["blue_sft"])
     s.session.store.append_jsonl("blue_decisions", rows)
     s.phases = Phases(s)
@@ -288,38 +288,13 @@ def test_the_decision_sets_the_refusal_opening_against_blue_own_and_a_resumed_ru
     assert [(e.prompt_ids, e.choices, e.gold) for e in again.examples] == [(e.prompt_ids, e.choices, e.gold) for e in later.examples]
 
 
-def test_a_benign_request_blue_already_refuses_is_no_decision_and_decisions_alone_still_learn(role_model, tmp_path):
+def test_with_nothing_kept_the_decisions_are_still_learnt(role_model, tmp_path):
     _, tok = role_model
     engine, s, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=4)
-    engine.answer = lambda adapter, user: "I'm sorry, I can't help with that." if "harmful" not in user and "wrapped" not in user \
-        else "no"  # benign requests refused, harmful ones answered with nothing a rule expert keeps
+    engine.answer = lambda adapter, user: "no"  # nothing a rule expert keeps
     result = phases.blue_warmup.step(1, 1)
-    assert result.metrics["decision_benign_kept_share"] == 0.0 and result.metrics["decision_harmful_kept_share"] == 1.0
-    assert result.metrics["kept_answers"] == 0.0 and len(result.examples) == 4  # no kept answer: the decisions are learnt
-    assert all(e.gold == 0 and e.kind == "harmful" for e in result.examples)
-
-
-def test_learning_the_decision_moves_the_margin_between_openings_each_way(role_model, tmp_path):
-    # the margin log P(refusal opening) - log P(own opening) under blue: learnt on harmful requests it rises, on
-    # benign ones it falls (an own opening as long as the refusal's, so neither side wins by its length alone)
-    model, tok = role_model
-    _, _, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=8, decision_tokens=6)
-    own = tok.encode("Here is a safe and useful answer", add_special_tokens=False)[:6]
-    decisions = [ChoiceExample(e.prompt_ids, [e.choices[0], own], e.gold, e.kind)
-                 for e in phases.blue_warmup.step(1, 1).examples if len(e.choices) == 2]
-    learner = GrpoLearner(model, activate(model, "blue"), GrpoConfig(beta=0.0), lr=5e-3, pad_id=tok.pad_token_id)
-
-    def margins(examples):
-        with torch.no_grad():
-            out = [learner._logprobs([_Row(e.prompt_ids, c) for c in e.choices], FULL) for e in examples]
-            return [float(m[0] - m[1]) for m in ((o.logp * o.cmask).sum(-1) for o in out)]
-
-    for kind, rises in (("harmful", True), ("benign", False)):
-        mine = [e for e in decisions if e.kind == kind]
-        before = margins(mine)
-        losses = [learner.step([], mine).extra["ce_loss"] for _ in range(3)]
-        assert losses[-1] < losses[0], (kind, losses)
-        assert all((b > a) == rises for a, b in zip(before, margins(mine))), (kind, before, margins(mine))
+    assert result.metrics["kept_answers"] == 0.0 and len(result.examples) == 4
+    assert sorted(e.gold for e in result.examples) == [NONE, NONE, 0, 0]
 
 
 def test_the_decision_can_ask_harmful_requests_as_blue_steps_do(role_model, tmp_path):
@@ -327,3 +302,35 @@ def test_the_decision_can_ask_harmful_requests_as_blue_steps_do(role_model, tmp_
     _, _, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_wrapped=True)
     rows = phases.blue_warmup.step(1, 1).rows["blue_decisions"]
     assert sum("wrapped" in x["asked"] for x in rows if x["kind"] == "harmful") == 2  # data.raw_share: half of the 4
+
+
+def test_learning_the_decision_moves_the_refusal_opening_up_where_harmful_and_down_where_benign(role_model, tmp_path):
+    # the opening's first token alone, so that it is likely enough for the unlikelihood to bite in a few steps
+    model, tok = role_model
+    _, _, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=8, decision_tokens=1)
+    decisions = phases.blue_warmup.step(1, 1).examples[4:]
+    learner = GrpoLearner(model, activate(model, "blue"), GrpoConfig(beta=0.0), lr=2e-2, pad_id=tok.pad_token_id)
+
+    def p_opening(examples):
+        with torch.no_grad():
+            out = learner._logprobs([_Row(e.prompt_ids, e.choices[0]) for e in examples], FULL)
+            return (out.logp * out.cmask).sum(-1).exp().tolist()
+
+    for kind, rises in (("harmful", True), ("benign", False)):  # the tiny model cannot tell them apart: one after the other
+        mine = [e for e in decisions if e.kind == kind]
+        before = p_opening(mine)
+        stats = [learner.step([], mine).extra for _ in range(3)]
+        after = p_opening(mine)
+        assert stats[-1]["ce_loss"] < stats[0]["ce_loss"], (kind, stats)
+        assert all((b > a) == rises for a, b in zip(before, after)), (kind, before, after)
+        # the step's accuracy is read before its update: a benign example is right where the opening is less likely than not
+        right = [p < 0.5 for p in before] if kind == "benign" else [True] * len(mine)
+        assert stats[0]["ce_accuracy"] == pytest.approx(sum(right) / len(mine))
+
+
+def test_unlikelihood_by_hand():
+    seq = torch.log(torch.tensor([[0.5], [1e-6], [0.2]], dtype=torch.float64))
+    assert torch.allclose(unlikelihood(seq), torch.tensor([math.log(2), 1e-6, -math.log(0.8)], dtype=torch.float64), rtol=1e-6)
+    two = torch.log(torch.tensor([[0.3, 0.2]], dtype=torch.float64))  # P(any of two) = 0.5
+    assert torch.allclose(unlikelihood(two), torch.tensor([math.log(2)], dtype=torch.float64), rtol=1e-6)
+    assert torch.isfinite(unlikelihood(torch.zeros(1, 1))).all()  # a choice of probability 1: large, not infinite

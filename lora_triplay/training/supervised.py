@@ -6,7 +6,10 @@ that same quantity: the softmax of the sequence log-probs over the label set,
 and the cross-entropy with the gold label (with optional label smoothing).
 An example with a single choice (a judge that writes its answer, a role's
 warm-start answer) is plain teacher forcing: the mean token NLL of its one
-line; one batch may hold both kinds.
+line; one batch may hold both kinds. An example whose gold is NONE (-1) is
+unlikelihood: -log(1 - P(any of its choices)), for an answer that must *not*
+be given (blue's refusal to a benign request, blue_decision.py); its loss
+and gradient vanish where the choices are already unlikely.
 
 Why at all, when the paper trains eval with GRPO: on a few hundred labels a
 small eval trained by GRPO collapsed onto one label for long stretches
@@ -15,6 +18,7 @@ a judge that judges, after which GRPO can refine it (`sft+grpo`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,12 +29,15 @@ from .forward import padded_tokens
 @dataclass
 class ChoiceExample:
     """One labelled prompt: the token ids of every choice (EOS included) and
-    the index of the right one."""
+    the index of the right one (NONE: none of them)."""
 
     prompt_ids: list[int]
     choices: list[list[int]]
     gold: int
     kind: str | None = None
+
+
+NONE = -1
 
 
 @dataclass
@@ -75,6 +82,12 @@ def choice_cross_entropy(seq_logp: torch.Tensor, gold: torch.Tensor, smoothing: 
     return loss, logq.argmax(-1)
 
 
+def unlikelihood(seq_logp: torch.Tensor) -> torch.Tensor:
+    """-log(1 - P(any choice)) per example, for `seq_logp` (examples, choices)."""
+    any_logp = torch.logsumexp(seq_logp, dim=-1).clamp(max=-1e-6)  # a choice of probability 1: a large, finite loss
+    return -torch.log(-torch.expm1(any_logp))
+
+
 def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float, smoothing: float,
                width: int = 0) -> dict[str, float]:
     """Forward and backward of sum(loss) / n_all over this rank's examples
@@ -103,8 +116,20 @@ def accumulate(learner, examples: list[ChoiceExample], layout: str, n_all: float
         for width, group in _by_width(chunk):  # consecutive examples with as many choices
             lo, at = at, at + len(group) * width
             part = seq[lo:at]
+            none = torch.tensor([ex.gold == NONE for ex in group], device=device)
+            if none.any():  # unlikelihood: right where every choice is less likely than not
+                rows_none = part.view(len(group), width)[none]
+                losses.append(unlikelihood(rows_none))
+                rights.append(torch.logsumexp(rows_none, dim=-1) < math.log(0.5))
+                keep = (~none).repeat_interleave(width)
+                group, part = [ex for ex in group if ex.gold != NONE], part[keep]
+                if not group:
+                    continue
+                lo_mask = out.cmask[lo:at][keep]
+            else:
+                lo_mask = out.cmask[lo:at]
             if width == 1:  # teacher forcing on the one answer: its mean token NLL
-                losses.append(-(part / out.cmask[lo:at].sum(-1).clamp(min=1)))
+                losses.append(-(part / lo_mask.sum(-1).clamp(min=1)))
                 rights.append(torch.ones(len(group), dtype=torch.bool, device=device))
                 continue
             gold = torch.tensor([ex.gold for ex in group], device=device)

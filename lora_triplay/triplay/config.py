@@ -123,11 +123,10 @@ class BlueWarmupConfig(_Strict):
                                 "openings; on the 135M base (2026-12-03) blue then refused harmful and benign requests "
                                 "alike (bench/refusal_margin.py)")
     decision_requests: int = Field(0, ge=0, description="requests (harmful and benign, as data.benign_share splits them) "
-                                   "whose first words blue learns to choose: the refusal's opening for a harmful one, "
-                                   "the untrained blue's own opening for a benign one (cross-entropy over the two "
-                                   "openings' log-probs, blue_decision.py); 0: off")
+                                   "on which blue learns whether to open with the refusal: its opening learnt where the "
+                                   "request is harmful, unlearnt where benign (unlikelihood, blue_decision.py); 0: off")
     decision_per_step: int = Field(16, ge=1, description="of those, how many each warm-start step learns")
-    decision_tokens: int = Field(8, ge=1, le=64, description="how many tokens of each opening are compared")
+    decision_tokens: int = Field(8, ge=1, le=64, description="how many tokens of the refusal's opening the decision reads")
     decision_wrapped: bool = Field(False, description="ask the decision's harmful requests as blue's steps do (data.raw_share "
                                    "as written, the rest wrapped by red); default: every request as written, so a wrap's "
                                    "form cannot stand in for its content (blue_decision.py)")
