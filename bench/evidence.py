@@ -105,6 +105,8 @@ VARIANTS = {
     # with the decision's first form (32e4bbe: the refusal's opening against blue's own, a pair): JBB harmful refused
     # 15% greedily, benign 10%, AUC 0.71; every request as written, 2.5% / 0%, AUC 0.74 (blue_decision.py)
     "warm-only-decision-wrapped": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_wrapped=true"],
+    # and each benign request's own opening learnt beside (greedy decoding refuses where "I" is likeliest, not likely)
+    "warm-only-decision-own": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_own_opening=true"],
     "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
     "main-decision-s0": ["seed=0", "phases.blue_warmup.decision_requests=224"],
     "main-decision-s1": ["seed=1", "phases.blue_warmup.decision_requests=224"],
@@ -140,7 +142,7 @@ ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue
                   "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
                   "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
                   "warm-only-wide-long-upper": "blue", "warm-only-decision": "blue", "warm-only-decision-long": "blue",
-                  "warm-only-decision-wrapped": "blue",
+                  "warm-only-decision-wrapped": "blue", "warm-only-decision-own": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
                   "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40

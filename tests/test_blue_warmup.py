@@ -334,3 +334,17 @@ def test_unlikelihood_by_hand():
     two = torch.log(torch.tensor([[0.3, 0.2]], dtype=torch.float64))  # P(any of two) = 0.5
     assert torch.allclose(unlikelihood(two), torch.tensor([math.log(2)], dtype=torch.float64), rtol=1e-6)
     assert torch.isfinite(unlikelihood(torch.zeros(1, 1))).all()  # a choice of probability 1: large, not infinite
+
+
+def test_the_decision_can_teach_each_benign_request_its_own_opening_and_never_a_refusing_one(role_model, tmp_path):
+    _, tok = role_model
+    engine, s, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=4, decision_own_opening=True)
+    result = phases.blue_warmup.step(1, 1)
+    rows = result.rows["blue_decisions"]
+    assert [x.get("own_ids") for x in rows if x["kind"] == "benign"] == [[3, 4]] * 4 and not any("own_ids" in x for x in rows if x["kind"] == "harmful")
+    benign = [e for e in result.examples[4:] if e.kind == "benign"]
+    assert sorted((e.gold, e.choices[0] == [3, 4]) for e in benign) == [(NONE, False), (NONE, False), (0, True), (0, True)]
+    engine.answer = lambda adapter, user: "I'm sorry, I can't help with that." if "harmful" not in user else "no"
+    s.session.store = RunStore(tmp_path / "again").create()
+    again = phases.blue_warmup.step(1, 1)
+    assert again.metrics["decision_own_openings"] == 0.0 and all(e.gold == NONE for e in again.examples if e.kind == "benign")

@@ -24,6 +24,14 @@ the pair by making its own opening unlikely, not the refusal likely; it
 refused 2.5% of JBB's harmful requests greedily (92.5% without the
 decision) at AUC 0.74.
 
+Where greedy decoding refuses, the refusal's first token need not be
+likely, only likelier than any other: after the warm start with the
+decision (seed 0) blue put 14% of its first token's mass on "I" for JBB's
+benign requests on average and still opened half of them with the refusal.
+`decision_own_opening` also teaches, for each benign request, the untrained
+blue's own greedy opening to it, so that some other first token is the
+likeliest.
+
 The requests are asked as written by default (`decision_wrapped: false`):
 the benign stream is always asked as written, so with red's wraps among the
 harmful ones the form of a prompt would carry the label (a wrap: refuse; a
@@ -34,8 +42,10 @@ so a resumed run learns the same ones.
 """
 from __future__ import annotations
 
+from ..engine.base import Request, Sampling
+from ..judging.refusals import refused
 from ..training.supervised import NONE, ChoiceExample
-from .roles import warmup_opening
+from .roles import blue_messages, warmup_opening
 
 
 def collect_decisions(phases, iteration: int) -> tuple[list[dict], dict[str, float]]:
@@ -51,10 +61,24 @@ def collect_decisions(phases, iteration: int) -> tuple[list[dict], dict[str, flo
         harmful, benign = game.data.blue_requests(cfg.decision_requests)
         asked = [(b.prompt, b.prompt, "harmful") for b, _ in harmful] + [(b.prompt, b.prompt, "benign") for b in benign]
     rows = [{"basic": basic, "asked": x, "kind": kind, "refusal_ids": refusal, "iteration": iteration} for basic, x, kind in asked]
-    return rows, {"decision_requests": float(len(rows)), "decision_harmful_share": sum(r["kind"] == "harmful" for r in rows) / len(rows)}
+    metrics = {"decision_requests": float(len(rows)), "decision_harmful_share": sum(r["kind"] == "harmful" for r in rows) / len(rows)}
+    if cfg.decision_own_opening:  # the untrained blue's greedy opening to each benign request, learnt beside the unlikelihood
+        benign = [r for r in rows if r["kind"] == "benign"]
+        answers = phases.generate("blue", [Request("blue", blue_messages(r["asked"])) for r in benign],
+                                  Sampling(max_new_tokens=cfg.decision_tokens, temperature=0.0))
+        for r, (c, *_) in zip(benign, answers):
+            if c.token_ids and not refused(c.text):  # never teach an opening that refuses
+                r["own_ids"] = list(c.token_ids)[: cfg.decision_tokens]
+        metrics["decision_own_openings"] = float(sum("own_ids" in r for r in benign))
+    return rows, metrics
 
 
 def decision_examples(rows: list[dict], prompts: list[list[int]]) -> list[ChoiceExample]:
     """Each row's refusal opening under blue's own prompt (`prompts`: its
     encoded chat): learnt where the request is harmful, unlearnt where benign."""
-    return [ChoiceExample(ids, [x["refusal_ids"]], 0 if x["kind"] == "harmful" else NONE, x["kind"]) for x, ids in zip(rows, prompts)]
+    out = []
+    for x, ids in zip(rows, prompts):
+        out.append(ChoiceExample(ids, [x["refusal_ids"]], 0 if x["kind"] == "harmful" else NONE, x["kind"]))
+        if x.get("own_ids"):
+            out.append(ChoiceExample(ids, [x["own_ids"]], 0, x["kind"]))
+    return out

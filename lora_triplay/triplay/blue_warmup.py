@@ -51,7 +51,7 @@ class BlueWarmup:
         # the kept answers, from step 1 on (or from blue_sft.jsonl on resume, `restore`): every process
         # keeps its own copy (each computes step 1 alike), none reads a file another may still be writing
         self.kept: list[dict] = []
-        self.decisions: list[dict] = []  # blue_decision.py's pairs of openings (phases.blue_warmup.decision_requests)
+        self.decisions: list[dict] = []  # blue_decision.py's requests (phases.blue_warmup.decision_requests)
 
     def restore(self, rows, decisions=()) -> None:
         self.kept, self.decisions = list(rows), list(decisions)

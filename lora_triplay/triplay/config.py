@@ -127,6 +127,9 @@ class BlueWarmupConfig(_Strict):
                                    "request is harmful, unlearnt where benign (unlikelihood, blue_decision.py); 0: off")
     decision_per_step: int = Field(16, ge=1, description="of those, how many each warm-start step learns")
     decision_tokens: int = Field(8, ge=1, le=64, description="how many tokens of the refusal's opening the decision reads")
+    decision_own_opening: bool = Field(False, description="with decision_requests: each benign request's own opening (the "
+                                       "untrained blue's greedy first decision_tokens tokens) is learnt as well, so that a "
+                                       "first token other than the refusal's is the likeliest (blue_decision.py)")
     decision_wrapped: bool = Field(False, description="ask the decision's harmful requests as blue's steps do (data.raw_share "
                                    "as written, the rest wrapped by red); default: every request as written, so a wrap's "
                                    "form cannot stand in for its content (blue_decision.py)")
