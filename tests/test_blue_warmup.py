@@ -341,7 +341,8 @@ def test_the_decision_can_teach_each_benign_request_its_own_opening_and_never_a_
     engine, s, phases = _warm_session(tok, tmp_path, decision_requests=8, decision_per_step=4, decision_own_opening=True)
     result = phases.blue_warmup.step(1, 1)
     rows = result.rows["blue_decisions"]
-    assert [x.get("own_ids") for x in rows if x["kind"] == "benign"] == [[3, 4]] * 4 and not any("own_ids" in x for x in rows if x["kind"] == "harmful")
+    assert [x.get("own_ids") for x in rows if x["kind"] == "benign"] == [[3, 4]] * 4
+    assert not any("own_ids" in x for x in rows if x["kind"] == "harmful")
     benign = [e for e in result.examples[4:] if e.kind == "benign"]
     assert sorted((e.gold, e.choices[0] == [3, 4]) for e in benign) == [(NONE, False), (NONE, False), (0, True), (0, True)]
     engine.answer = lambda adapter, user: "I'm sorry, I can't help with that." if "harmful" not in user else "no"
