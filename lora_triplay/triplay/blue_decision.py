@@ -30,7 +30,16 @@ decision (seed 0) blue put 14% of its first token's mass on "I" for JBB's
 benign requests on average and still opened half of them with the refusal.
 `decision_own_opening` also teaches, for each benign request, the untrained
 blue's own greedy opening to it, so that some other first token is the
-likeliest.
+likeliest. Measured the same way: it refuses less of everything (JBB
+harmful 62.5% greedily, benign 37.5%, XSTest safe 15%) and tells the kinds
+apart no better (AUC 0.74): how often, not when, as every lever before it.
+
+What the decision alone did (seed 0, blue after the warm start alone, 40
+JBB harmful and 40 benign requests, bench/refusal_margin.py; BENCHMARKS
+"Blue's decision"): AUC of P(refusal's first token) 0.80 against 0.73
+without it (paired bootstrap over the requests: +0.07, 90% interval +0.02
+to +0.13), greedy refusals JBB harmful 85% / benign 50% / XSTest safe 20%
+against 92.5 / 55 / 35%.
 
 The requests are asked as written by default (`decision_wrapped: false`):
 the benign stream is always asked as written, so with red's wraps among the
