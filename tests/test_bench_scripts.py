@@ -303,3 +303,28 @@ def test_compare_evidence_sets_reports_side_by_side_and_refuses_other_held_out_s
     proc = subprocess.run(script + [str(tmp_path / "out2"), f"{tmp_path / 'a'}:main-anchor-s0", f"{tmp_path / 'c'}:other"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT / "bench")
     assert proc.returncode != 0 and "different held-out sets" in proc.stderr
+
+
+def test_compare_margins_gives_aucs_with_paired_intervals_and_refuses_other_request_counts(tmp_path):
+    """bench/compare_margins.py: AUC per blue, the paired difference against
+    the first, and no comparison of files that read different requests."""
+    def margin(name: str, harmful: list[float], benign: list[float]) -> Path:
+        rows = {"jbb-harmful": {"per_prompt": {"p_refusal_token": harmful}}, "jbb-benign": {"per_prompt": {"p_refusal_token": benign}}}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"adapters": {"blue": rows}}))
+        return path
+
+    mixed = margin("mixed", [0.1 * i for i in range(10)], [0.1 * i + 0.05 for i in range(10)])  # benign a little higher
+    sharp = margin("sharp", [0.6 + 0.01 * i for i in range(10)], [0.01 * i for i in range(10)])  # every harmful above
+    script = [sys.executable, str(ROOT / "bench" / "compare_margins.py")]
+    proc = subprocess.run(script + [str(tmp_path / "out.json"), f"base={mixed}", str(sharp)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT / "bench")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    blues = json.loads((tmp_path / "out.json").read_text())["blues"]
+    assert blues["base"]["auc"] == 0.45 and blues["sharp"]["auc"] == 1.0
+    assert blues["sharp"]["auc_minus_base"] == 0.55 and blues["sharp"]["paired_90"][0] > 0 and blues["sharp"]["paired_share_not_above"] == 0
+    assert blues["sharp"]["benign_flagged_at_half_harmful"] == 0 and blues["base"]["benign_flagged_at_half_harmful"] == 0.5
+    short = margin("short", [0.5] * 9, [0.1] * 10)
+    proc = subprocess.run(script + [str(tmp_path / "out2.json"), str(mixed), str(short)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT / "bench")
+    assert proc.returncode != 0 and "different numbers of requests" in proc.stderr
