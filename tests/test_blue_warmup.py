@@ -349,3 +349,12 @@ def test_the_decision_can_teach_each_benign_request_its_own_opening_and_never_a_
     s.session.store = RunStore(tmp_path / "again").create()
     again = phases.blue_warmup.step(1, 1)
     assert again.metrics["decision_own_openings"] == 0.0 and all(e.gold == NONE for e in again.examples if e.kind == "benign")
+
+
+@pytest.mark.parametrize("warmup, message", [
+    ({"steps": 0, "decision_requests": 32}, "warm start, which is off"),
+    ({"steps": 4, "decision_own_opening": True}, "decision, which is off"),
+])
+def test_the_recipe_refuses_a_decision_that_would_never_be_learnt(warmup, message):
+    with pytest.raises(ValueError, match=message):
+        build_recipe({"phases": {"blue_warmup": warmup}, "data": {"benign_share": 0.5}})

@@ -424,6 +424,13 @@ class TriPlaySections(_Strict):
             raise ValueError("phases.blue_warmup teaches blue refusals to harmful requests beside helpful answers to benign "
                              "ones; with data.benign_share = 0 there are no benign requests and it would teach blue to refuse "
                              "everything: set data.benign_share > 0 (e.g. 0.5) or phases.blue_warmup.steps=0")
+        bw = self.phases.blue_warmup
+        if bw.decision_requests and not bw.steps:
+            raise ValueError(f"phases.blue_warmup.decision_requests = {bw.decision_requests} is learnt in blue's warm start, "
+                             "which is off (phases.blue_warmup.steps = 0): set its steps (e.g. 16) or decision_requests=0")
+        if (bw.decision_own_opening or bw.decision_wrapped) and not bw.decision_requests:
+            raise ValueError("phases.blue_warmup.decision_own_opening / decision_wrapped shape blue's decision, which is off: "
+                             "set phases.blue_warmup.decision_requests (e.g. 224) or remove them")
         for role in ("red", "eval"):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")
