@@ -99,13 +99,15 @@ VARIANTS = {
     "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
     # blue also learns whether to open with the refusal (triplay/blue_decision.py) on every builtin request (224: its
     # first 8 tokens learnt where harmful, unlearnt where benign): the one lever that moved the AUC was more requests,
-    # and the opening is where greedy decoding refuses or answers
+    # and the opening is where greedy decoding refuses or answers. Measured 2026-12-04 (BENCHMARKS "Blue's decision"):
+    # AUC 0.73 -> 0.80 (seed 0), 0.75 -> 0.77 (seed 1); over-refusal after the warm start 48 -> 40% / 53 -> 32%
     "warm-only-decision": WARM_ONLY + ["phases.blue_warmup.decision_requests=224"],
     # the harmful requests of the decision asked as blue's steps ask them (half wrapped by red). Measured 2026-12-04
     # with the decision's first form (32e4bbe: the refusal's opening against blue's own, a pair): JBB harmful refused
     # 15% greedily, benign 10%, AUC 0.71; every request as written, 2.5% / 0%, AUC 0.74 (blue_decision.py)
     "warm-only-decision-wrapped": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_wrapped=true"],
-    # and each benign request's own opening learnt beside (greedy decoding refuses where "I" is likeliest, not likely)
+    # and each benign request's own opening learnt beside (greedy decoding refuses where "I" is likeliest, not likely).
+    # Measured 2026-12-04: every refusal rate lower, AUC 0.74: how often, not when
     "warm-only-decision-own": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_own_opening=true"],
     # the same pair on seed 1 (every warm-only run above is seed 0: a second draw of the training side)
     "warm-only-s1": WARM_ONLY + ["seed=1"],
