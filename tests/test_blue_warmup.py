@@ -353,7 +353,7 @@ def test_the_decision_can_teach_each_benign_request_its_own_opening_and_never_a_
 
 @pytest.mark.parametrize("warmup, message", [
     ({"steps": 0, "decision_requests": 32}, "warm start, which is off"),
-    ({"steps": 4, "decision_own_opening": True}, "decision, which is off"),
+    ({"steps": 4, "decision_own_opening": True}, "a decision that is off"),
 ])
 def test_the_recipe_refuses_a_decision_that_would_never_be_learnt(warmup, message):
     with pytest.raises(ValueError, match=message):

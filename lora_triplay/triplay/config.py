@@ -118,21 +118,17 @@ class BlueWarmupConfig(_Strict):
                                    "(one of the kept ones, to another request): cross-entropy over the two answers' "
                                    "sequence log-probs, which pushes a refusal below the answer where it competes "
                                    "(over-refusal) and costs nothing where it does not")
-    benign_opening: str = Field("", description="words every kept answer to a benign request starts with (forced while "
-                                "sampling, learnt with it), e.g. 'Sure!', so blue's first token is a choice between two "
-                                "openings; on the 135M base (2026-12-03) blue then refused harmful and benign requests "
-                                "alike (bench/refusal_margin.py)")
-    decision_requests: int = Field(0, ge=0, description="requests (harmful and benign, as data.benign_share splits them) "
-                                   "on which blue learns whether to open with the refusal: its opening learnt where the "
-                                   "request is harmful, unlearnt where benign (unlikelihood, blue_decision.py); 0: off")
+    benign_opening: str = Field("", description="words every kept benign answer starts with (forced while sampling, learnt "
+                                "with it), e.g. 'Sure!', so blue's first token chooses between two openings; on the 135M base "
+                                "(2026-12-03) blue then refused harmful and benign requests alike (bench/refusal_margin.py)")
+    decision_requests: int = Field(0, ge=0, description="requests (as data.benign_share splits them) on which blue learns whether "
+                                   "to open with the refusal: learnt where harmful, unlearnt where benign (blue_decision.py); 0: off")
     decision_per_step: int = Field(16, ge=1, description="of those, how many each warm-start step learns")
     decision_tokens: int = Field(8, ge=1, le=64, description="how many tokens of the refusal's opening the decision reads")
-    decision_own_opening: bool = Field(False, description="with decision_requests: each benign request's own opening (the "
-                                       "untrained blue's greedy first decision_tokens tokens) is learnt as well, so that a "
-                                       "first token other than the refusal's is the likeliest (blue_decision.py)")
-    decision_wrapped: bool = Field(False, description="ask the decision's harmful requests as blue's steps do (data.raw_share "
-                                   "as written, the rest wrapped by red); default: every request as written, so a wrap's "
-                                   "form cannot stand in for its content (blue_decision.py)")
+    decision_own_opening: bool = Field(False, description="each benign request's own opening (the untrained blue's greedy "
+                                       "one) learnt as well, so another first token is the likeliest (blue_decision.py)")
+    decision_wrapped: bool = Field(False, description="the decision's harmful requests asked as blue's steps ask them (some "
+                                   "wrapped by red); default: as written, so a wrap's form is no label (blue_decision.py)")
 
 
 class PhasesConfig(_Strict):
@@ -141,8 +137,6 @@ class PhasesConfig(_Strict):
     eval: PhaseConfig = Field(default_factory=lambda: PhaseConfig(steps=50))
     eval_warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     blue_warmup: BlueWarmupConfig = Field(default_factory=BlueWarmupConfig)
-
-
 
 
 class RewardsConfig(_Strict):
@@ -426,11 +420,9 @@ class TriPlaySections(_Strict):
                              "everything: set data.benign_share > 0 (e.g. 0.5) or phases.blue_warmup.steps=0")
         bw = self.phases.blue_warmup
         if bw.decision_requests and not bw.steps:
-            raise ValueError(f"phases.blue_warmup.decision_requests = {bw.decision_requests} is learnt in blue's warm start, "
-                             "which is off (phases.blue_warmup.steps = 0): set its steps (e.g. 16) or decision_requests=0")
+            raise ValueError("phases.blue_warmup.decision_requests is learnt in blue's warm start, which is off: set its steps or 0 requests")
         if (bw.decision_own_opening or bw.decision_wrapped) and not bw.decision_requests:
-            raise ValueError("phases.blue_warmup.decision_own_opening / decision_wrapped shape blue's decision, which is off: "
-                             "set phases.blue_warmup.decision_requests (e.g. 224) or remove them")
+            raise ValueError("phases.blue_warmup.decision_own_opening / _wrapped shape a decision that is off: set decision_requests")
         for role in ("red", "eval"):
             if getattr(self.phases, role).greedy_member:
                 raise ValueError(f"phases.{role}.greedy_member: only blue's groups take a greedy answer; remove it from {role}")
