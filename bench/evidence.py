@@ -112,6 +112,8 @@ VARIANTS = {
     # the same pair on seed 1 (every warm-only run above is seed 0: a second draw of the training side)
     "warm-only-s1": WARM_ONLY + ["seed=1"],
     "warm-only-decision-s1": WARM_ONLY + ["seed=1", "phases.blue_warmup.decision_requests=224"],
+    "warm-only-s2": WARM_ONLY + ["seed=2"],
+    "warm-only-decision-s2": WARM_ONLY + ["seed=2", "phases.blue_warmup.decision_requests=224"],
     "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
     "main-decision-s0": ["seed=0", "phases.blue_warmup.decision_requests=224"],
     "main-decision-s1": ["seed=1", "phases.blue_warmup.decision_requests=224"],
@@ -148,7 +150,7 @@ ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue
                   "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
                   "warm-only-wide-long-upper": "blue", "warm-only-decision": "blue", "warm-only-decision-long": "blue",
                   "warm-only-decision-wrapped": "blue", "warm-only-decision-own": "blue",
-                  "warm-only-s1": "blue", "warm-only-decision-s1": "blue",
+                  "warm-only-s1": "blue", "warm-only-decision-s1": "blue", "warm-only-s2": "blue", "warm-only-decision-s2": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
                   "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
 MAX_NEW = 40
