@@ -100,7 +100,8 @@ VARIANTS = {
     # blue also learns whether to open with the refusal (triplay/blue_decision.py) on every builtin request (224: its
     # first 8 tokens learnt where harmful, unlearnt where benign): the one lever that moved the AUC was more requests,
     # and the opening is where greedy decoding refuses or answers. Measured 2026-12-04 (BENCHMARKS "Blue's decision"):
-    # AUC 0.73 -> 0.80 (seed 0), 0.75 -> 0.77 (seed 1); over-refusal after the warm start 48 -> 40% / 53 -> 32%
+    # AUC 0.73 -> 0.80 (seed 0), 0.75 -> 0.77 (seed 1), 0.73 -> 0.79 (seed 2); over-refusal after the warm start
+    # 48 -> 40%, 53 -> 32%, 43 -> 40%
     "warm-only-decision": WARM_ONLY + ["phases.blue_warmup.decision_requests=224"],
     # the harmful requests of the decision asked as blue's steps ask them (half wrapped by red). Measured 2026-12-04
     # with the decision's first form (32e4bbe: the refusal's opening against blue's own, a pair): JBB harmful refused

@@ -38,8 +38,8 @@ What the decision alone did (seed 0, blue after the warm start alone, 40
 JBB harmful and 40 benign requests, bench/refusal_margin.py; BENCHMARKS
 "Blue's decision"): AUC of P(refusal's first token) 0.80 against 0.73
 without it (paired bootstrap over the requests: +0.07, 90% interval +0.02
-to +0.13), greedy refusals JBB harmful 85% / benign 50% / XSTest safe 20%
-against 92.5 / 55 / 35%.
+to +0.13; seeds 1 and 2: +0.03, +0.06), greedy refusals JBB harmful 85% /
+benign 50% / XSTest safe 20% against 92.5 / 55 / 35%.
 
 The requests are asked as written by default (`decision_wrapped: false`):
 the benign stream is always asked as written, so with red's wraps among the
