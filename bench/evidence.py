@@ -97,8 +97,8 @@ VARIANTS = {
     # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182).
     # Measured 2026-12-04: AUC 0.75 (every layer, same data: 0.78; the recipe's 64 requests: 0.73)
     "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
-    # blue also learns whether to open with the refusal (triplay/blue_decision.py) on every builtin request (224: its
-    # first 8 tokens learnt where harmful, unlearnt where benign): the one lever that moved the AUC was more requests,
+    # blue also learns whether to open with the refusal (triplay/blue_decision.py) on 224 builtin requests (146 distinct; the
+    # refusal's first 8 tokens learnt where harmful, unlearnt where benign): the one lever that moved the AUC was more requests,
     # and the opening is where greedy decoding refuses or answers. Measured 2026-12-04 (BENCHMARKS "Blue's decision"):
     # AUC 0.73 -> 0.80 (seed 0), 0.75 -> 0.77 (seed 1), 0.73 -> 0.79 (seed 2); over-refusal after the warm start
     # 48 -> 40%, 53 -> 32%, 43 -> 40%
