@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,7 +222,8 @@ def test_every_evidence_run_is_a_valid_recipe(monkeypatch, tmp_path):
         (work / "train" / f"{name}.jsonl").write_text(json.dumps({"id": "x", "category": "c", "prompt": "a request"}) + "\n")
     for name in RUNS:
         recipe = load_recipe(RECIPE, overrides(name, work))
-        assert recipe.seed in (0, 1), name
+        named = re.search(r"-s(\d+)$", name)  # a run named for its seed runs that seed (the last override wins)
+        assert recipe.seed == int(named.group(1)) if named else recipe.seed in (0, 1), name
     indist = load_recipe(RECIPE, overrides("main-indist-s0", work))
     assert indist.data.benign_prompts == str(work / "train" / "benign.jsonl")
     warm = load_recipe(RECIPE, RUNS["warm-only"])  # blue's warm start and nothing after it
