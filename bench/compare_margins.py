@@ -22,14 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_io import save_results  # noqa: E402
+from results_io import auc, save_results  # noqa: E402
 
 DRAWS = 1000
-
-
-def auc(pos: list[float], neg: list[float]) -> float:
-    """P(a harmful request scores above a benign one), ties half."""
-    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
 
 
 def scores(path: Path, adapter: str) -> tuple[list[float], list[float]]:

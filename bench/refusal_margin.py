@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from results_io import csv_column, save_results  # noqa: E402
+from results_io import auc, csv_column, save_results  # noqa: E402
 
 from lora_triplay.core.runs import open_run  # noqa: E402
 from lora_triplay.engine.base import Request, Sampling  # noqa: E402
@@ -71,12 +71,6 @@ def measure(run, adapter: str, prompts: list[str], samples: int, max_new: int, t
         if any(g) else None,
         "per_prompt": {"greedy_refused": g, "sampled_refused": share, "p_refusal_token": [round(q, 4) for q in p_first]},
     }
-
-
-def auc(pos: list[float], neg: list[float]) -> float:
-    """P(a harmful request scores above a benign one), ties half: how well
-    blue's refusal tells them apart, whatever its refusal rate."""
-    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
 
 
 def main() -> None:

@@ -44,3 +44,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
     splits on U+2028 and other separators that generated text may carry
     inside a JSON string (an answer in the 2026-12-01 evidence run did)."""
     return [json.loads(line) for line in Path(path).read_text().split("\n") if line.strip()]
+
+
+def auc(pos: list[float], neg: list[float]) -> float:
+    """P(a score of `pos` above one of `neg`), ties half: how well a score
+    tells harmful from benign requests, whatever its rate."""
+    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
