@@ -330,3 +330,41 @@ def test_compare_margins_gives_aucs_with_paired_intervals_and_refuses_other_requ
     proc = subprocess.run(script + [str(tmp_path / "out2.json"), str(mixed), str(short)], capture_output=True, text=True,
                           timeout=120, cwd=ROOT / "bench")
     assert proc.returncode != 0 and "different numbers of requests" in proc.stderr
+
+
+def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_setting_draws(tmp_path, tiny_model_dir):
+    """bench/eval_phase_replay.py on a two-iteration tiny run: eval@1 checked
+    first, then iteration 2's phase replayed under two batch settings; the
+    counts of draws from the current iteration are what those settings say."""
+    from typer.testing import CliRunner
+
+    from lora_triplay.cli import app
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        f'model: {{base: "{tiny_model_dir}", device: cpu, dtype: float32}}\nlora: {{rank: 4, alpha: 8}}\niterations: 2\n'
+        "phases: {red: {steps: 1}, blue: {steps: 1}, eval: {steps: 2, objective: sft}}\n"
+        "grpo: {group_size: 2, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}\n"
+        "rewards: {judge_mode: choice, embedding_model: hashing}\ndefenders: [{name: blue, weight: 1.0}]\n"
+        "experts: {safety_experts: 0, utility_experts: 0, min_votes: 1, balance_classes: true, batch_fresh_share: 1.0, heldout_share: 0.0}\n")
+    result = CliRunner().invoke(app, ["run", str(recipe), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"prompt": f"question {i}", "response": r, "label": lab}) + "\n"
+                            for i, (r, lab) in enumerate([("Sure, here is how.", "negative"), ("I can't help with that.", "rejective")])))
+    out = tmp_path / "replay.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_phase_replay.py"), str(tmp_path / "run"), "--iteration", "2",
+                           "--gold", str(gold), "--orders", "0", "--variant", "as-run=", "--variant", "few=experts.batch_fresh_min=1000",
+                           "--out", str(out)], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["iteration"] == 2 and res["steps"] == 2 and 0 <= res["start"]["accuracy"] <= 1
+    fresh = res["current_iteration_labels"]
+    for name in ("as-run", "few"):
+        row = res["variants"][name]["orders"]["0"]
+        assert 0 <= row["accuracy"] <= 1 and abs(sum(row[f"pred_rate_{c}"] for c in ("negative", "rejective", "positive")) - 1) < 1e-6
+        for c, (now, distinct, draws) in row["fresh_draws"].items():
+            assert distinct <= now <= draws and distinct <= fresh[c]
+    # batch_fresh_share 1.0: a label with new pairs (and old ones) draws only new ones as run; with 1000 wanted, rarely
+    as_run, few = (res["variants"][n]["orders"]["0"]["fresh_draws"] for n in ("as-run", "few"))
+    assert sum(v[0] for v in few.values()) < sum(v[0] for v in as_run.values())

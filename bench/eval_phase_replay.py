@@ -1,0 +1,133 @@
+"""One eval phase of a finished run, replayed under other batch settings.
+
+    python bench/eval_phase_replay.py RUN --iteration 3 --gold WORK/heldout/labelled-pairs.jsonl \
+        [--variant as-run=] [--variant fresh-min-8=experts.batch_fresh_min=8] [--orders 0,1] [--out FILE]
+
+Eval's adapter goes back to the run's eval@(N-1) (RUN/eval/iter-000N-1),
+the panel's labels up to iteration N are the pool (RUN/panel.jsonl; N's
+own are the current iteration's, as they were in the run), and eval learns
+`phases.eval.steps` steps at the run's rate with batches drawn under each
+variant's overrides (recipe keys, comma-separated; empty: as the run drew
+them), once per batch order (the sampler reseeded). After each, eval labels
+the labelled answer set (never trained on): accuracy, per-class recall,
+predicted-label rates. eval@(N-1) itself is checked first: it should match
+the evidence report's iteration N-1.
+
+Not the run's phase exactly: the optimizer starts empty (the run's carried
+Adam's moments from the phases before), and every label of iteration N is
+in the pool from step 1 (the run labelled them step by step). The
+`as-run` variant tells whether the replay reproduces what the run did.
+Why: main-decision-s0 (2026-12-05) lost 94.2 -> 50.8 on the labelled set in
+its last eval phase, which drew `rejective` three times in four from the
+iteration's 3 such labels; this measures whether drawing few new pairs
+less often (`experts.batch_fresh_min`) keeps eval.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eval_warm_orders import LABELS, read_out  # noqa: E402
+
+from lora_triplay.core.session import Session  # noqa: E402
+from lora_triplay.model import adapter_parameters, load_adapter_weights  # noqa: E402
+from lora_triplay.recipe import load_recipe  # noqa: E402
+from lora_triplay.triplay.eval_steps import judged  # noqa: E402
+from lora_triplay.triplay.rundata import load_gold_pairs  # noqa: E402
+
+
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    name, sep, overrides = spec.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--variant {spec!r}: write NAME=KEY=VALUE[,KEY=VALUE] (or NAME= for the run's own settings)")
+    return name, [o for o in overrides.split(",") if o]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run")
+    ap.add_argument("--iteration", type=int, required=True, help="the eval phase to replay (>= 2: it starts from eval@N-1)")
+    ap.add_argument("--gold", required=True, help="the labelled answer set (bench/evidence.py's heldout/labelled-pairs.jsonl)")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES (default: as-run= and fresh-min-8)")
+    ap.add_argument("--orders", default="0,1")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--gold-limit", type=int, default=None, help="check the first N labelled answers only (a smoke run)")
+    args = ap.parse_args()
+    run = Path(args.run)
+    start_dir = run / "eval" / f"iter-{args.iteration - 1:04d}"
+    if args.iteration < 2 or not start_dir.is_dir():
+        raise SystemExit(f"{start_dir}: no eval adapter to start from (give an iteration N >= 2 the run finished N-1 of)")
+    variants = [parse_variant(v) for v in args.variant] or [("as-run", []), ("fresh-min-8", ["experts.batch_fresh_min=8"])]
+    run_recipe = load_recipe(run / "recipe.yaml")
+    steps = run_recipe.phases.eval.steps
+    session = Session.open(load_recipe(run / "recipe.yaml"), Path(tempfile.mkdtemp(prefix="eval-replay-")))
+    game = session.game
+    evals, adapter, learner = game.phases.evals, game.roles["eval"], session.learners["eval"]
+    params = adapter_parameters(session.model, adapter)
+    load_adapter_weights(session.model, adapter, start_dir, expect_rank=run_recipe.lora.rank)
+    start = {k: v.detach().clone() for k, v in params.items()}
+    panel = [json.loads(line) for line in (run / "panel.jsonl").read_text().splitlines() if line.strip()]
+    pool = [r for r in panel if r.get("panel_label") and r["iteration"] <= args.iteration]
+    game.data.labelled, game.data.pending = pool, []
+    game.data.pairs.iteration = args.iteration
+    gold_rows = load_gold_pairs(args.gold)[: args.gold_limit]
+    drawn: list[dict] = []  # every pair the phase's batches drew, to count repeats
+    sample = game.data.sample_labelled_pairs
+
+    def recording(k: int) -> list[dict]:
+        batch = sample(k)
+        drawn.extend(batch)
+        return batch
+
+    game.data.sample_labelled_pairs = recording
+    gold = [r["label"] for r in gold_rows]
+
+    def check() -> dict:
+        session.engine.sync_adapter(adapter)
+        preds = [judged(p) for p in evals._choice_probs([evals._request(x) for x in gold_rows])]
+        out = read_out([[float(p == c) for c in LABELS] for p in preds], gold)
+        out.update({f"pred_rate_{c}": round(sum(p == c for p in preds) / len(preds), 4) for c in LABELS})
+        return out
+
+    fresh = {c: sum(r["iteration"] == args.iteration and not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS}
+    result = {"run": str(run), "iteration": args.iteration, "steps": steps, "lr": run_recipe.phases.eval.lr,
+              "current_iteration_labels": fresh, "pool": sum(not r.get("heldout") for r in pool), "start": check(), "variants": {}}
+    print(f"eval@{args.iteration - 1}: {result['start']}; iteration {args.iteration}'s labels {fresh}", flush=True)
+    for name, overrides in variants:
+        game.data.recipe = load_recipe(run / "recipe.yaml", overrides)
+        for order in [int(x) for x in args.orders.split(",")]:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.copy_(start[k])
+            learner.optimizer.state.clear()
+            random.seed(20_000 + order)
+            drawn.clear()
+            for step in range(1, steps + 1):
+                learner.lr = game.phase_lr("eval", step, steps)
+                res = evals.train(args.iteration, step, [], {}, "eval")
+                learner.step([], res.examples, res.smoothing)
+            now = [r for r in drawn if r["iteration"] == args.iteration]
+            out = {"seconds": round(time.perf_counter() - t0, 1), **check(),
+                   # per label: draws from the current iteration / distinct pairs among them / all draws
+                   "fresh_draws": {c: [sum(r["panel_label"] == c for r in now), len({r["pair"] for r in now if r["panel_label"] == c}),
+                                       sum(r["panel_label"] == c for r in drawn)] for c in LABELS}}
+            result["variants"].setdefault(name, {"overrides": overrides, "orders": {}})["orders"][str(order)] = out
+            print(f"{name} order {order}: {out}", flush=True)
+    path = Path(args.out) if args.out else run / f"eval-replay-it{args.iteration}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
