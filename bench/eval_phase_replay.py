@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval_warm_orders import LABELS, read_out  # noqa: E402
+from eval_warm_orders import LABELS, read_out, restart  # noqa: E402
 
 from lora_triplay.core.session import Session  # noqa: E402
 from lora_triplay.model import adapter_parameters, load_adapter_weights  # noqa: E402
@@ -107,11 +104,7 @@ def main() -> None:
         game.data.recipe = load_recipe(run / "recipe.yaml", overrides)
         for order in [int(x) for x in args.orders.split(",")]:
             t0 = time.perf_counter()
-            with torch.no_grad():
-                for k, p in params.items():
-                    p.copy_(start[k])
-            learner.optimizer.state.clear()
-            random.seed(20_000 + order)
+            restart(params, start, learner, 20_000 + order)
             drawn.clear()
             for step in range(1, steps + 1):
                 learner.lr = game.phase_lr("eval", step, steps)

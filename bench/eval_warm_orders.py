@@ -54,6 +54,15 @@ def read_out(probs: list[list[float]], gold: list[str]) -> dict:
     return out
 
 
+def restart(params: dict[str, torch.Tensor], start: dict[str, torch.Tensor], learner, seed: int) -> None:
+    """Eval's adapter back to `start`, its optimizer empty, the batch sampler reseeded: one batch order's run."""
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(start[k])
+    learner.optimizer.state.clear()
+    random.seed(seed)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gold", required=True)
@@ -106,11 +115,7 @@ def main() -> None:
     finals: dict[str, list[dict[str, torch.Tensor]]] = {}  # each order's weights, per variant
     for order in [int(x) for x in args.orders.split(",")]:
         t0 = time.perf_counter()
-        with torch.no_grad():
-            for k, p in params.items():
-                p.copy_(start[k])
-        learner.optimizer.state.clear()
-        random.seed(10_000 + order)
+        restart(params, start, learner, 10_000 + order)
         kept, ema = [], {d: None for d in decays}
         for step in range(1, steps + 1):
             learner.lr = game.phase_lr("eval_warmup", step, steps)
