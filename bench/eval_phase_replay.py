@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from eval_warm_orders import LABELS, read_out, restart  # noqa: E402
 
 from lora_triplay.core.session import Session  # noqa: E402
-from lora_triplay.model import adapter_parameters, load_adapter_weights  # noqa: E402
+from lora_triplay.model import activate, adapter_parameters, load_adapter_weights  # noqa: E402
 from lora_triplay.recipe import load_recipe  # noqa: E402
 from lora_triplay.triplay.eval_steps import judged  # noqa: E402
 from lora_triplay.triplay.rundata import load_gold_pairs  # noqa: E402
@@ -73,6 +73,8 @@ def main() -> None:
     params = adapter_parameters(session.model, adapter)
     load_adapter_weights(session.model, adapter, start_dir, expect_rank=run_recipe.lora.rank)
     start = {k: v.detach().clone() for k, v in params.items()}
+    activate(session.model, adapter)  # as the session does for a phase: eval's adapter the one the update trains
+    session.model.eval()
     panel = [json.loads(line) for line in (run / "panel.jsonl").read_text().splitlines() if line.strip()]
     pool = [r for r in panel if r.get("panel_label") and r["iteration"] <= args.iteration]
     game.data.labelled, game.data.pending = pool, []
@@ -111,7 +113,8 @@ def main() -> None:
                 res = evals.train(args.iteration, step, [], {}, "eval")
                 learner.step([], res.examples, res.smoothing)
             now = [r for r in drawn if r["iteration"] == args.iteration]
-            out = {"seconds": round(time.perf_counter() - t0, 1), **check(),
+            moved = max((p.detach() - start[k]).abs().max().item() for k, p in params.items())
+            out = {"seconds": round(time.perf_counter() - t0, 1), "max_weight_change": moved, **check(),
                    # per label: draws from the current iteration / distinct pairs among them / all draws
                    "fresh_draws": {c: [sum(r["panel_label"] == c for r in now), len({r["pair"] for r in now if r["panel_label"] == c}),
                                        sum(r["panel_label"] == c for r in drawn)] for c in LABELS}}

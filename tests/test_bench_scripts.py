@@ -362,6 +362,7 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
     fresh = res["current_iteration_labels"]
     for name in ("as-run", "few"):
         row = res["variants"][name]["orders"]["0"]
+        assert row["max_weight_change"] > 0  # eval's adapter is the one the replayed phase trains
         assert 0 <= row["accuracy"] <= 1 and abs(sum(row[f"pred_rate_{c}"] for c in ("negative", "rejective", "positive")) - 1) < 1e-6
         for c, (now, distinct, draws) in row["fresh_draws"].items():
             assert distinct <= now <= draws and distinct <= fresh[c]
