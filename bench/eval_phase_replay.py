@@ -1,14 +1,14 @@
-"""One eval phase of a finished run, replayed under other batch settings.
+"""One eval phase of a finished run, replayed under other settings.
 
     python bench/eval_phase_replay.py RUN --iteration 3 --gold WORK/heldout/labelled-pairs.jsonl \
-        [--variant as-run=] [--variant fresh-min-8=experts.batch_fresh_min=8] [--orders 0,1] [--out FILE]
+        [--variant as-run=] [--variant slow=phases.eval.lr=5e-5] [--orders 0,1] [--out FILE]
 
 Eval's adapter goes back to the run's eval@(N-1) (RUN/eval/iter-000N-1),
 the panel's labels up to iteration N are the pool (RUN/panel.jsonl; N's
 own are the current iteration's, as they were in the run), and eval learns
-`phases.eval.steps` steps at the run's rate with batches drawn under each
-variant's overrides (recipe keys, comma-separated; empty: as the run drew
-them), once per batch order (the sampler reseeded). After each, eval labels
+`phases.eval.steps` steps at `phases.eval.lr`, both and the batches under
+each variant's overrides (recipe keys, comma-separated; empty: as the run
+did), once per batch order (the sampler reseeded). After each, eval labels
 the labelled answer set (never trained on): accuracy, per-class recall,
 predicted-label rates. eval@(N-1) itself is checked first: it should match
 the evidence report's iteration N-1.
@@ -18,9 +18,9 @@ Adam's moments from the phases before), and every label of iteration N is
 in the pool from step 1 (the run labelled them step by step). The
 `as-run` variant tells whether the replay reproduces what the run did.
 Why: main-decision-s0 (2026-12-05) lost 94.2 -> 50.8 on the labelled set in
-its last eval phase, which drew `rejective` three times in four from the
-iteration's 3 such labels; this measures whether drawing few new pairs
-less often (`experts.batch_fresh_min`) keeps eval.
+its last eval phase; a replay tells which settings of that phase (its
+batches, rate, steps) would have kept eval (bench/BENCHMARKS.md "Blue's
+decision through the loop").
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,16 +57,18 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--iteration", type=int, required=True, help="the eval phase to replay (>= 2: it starts from eval@N-1)")
     ap.add_argument("--gold", required=True, help="the labelled answer set (bench/evidence.py's heldout/labelled-pairs.jsonl)")
-    ap.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES (default: as-run= and fresh-min-8)")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES (default: as-run=, the run's own settings)")
     ap.add_argument("--orders", default="0,1")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--random-sign", default="", help="also check eval@(N-1) with every weight moved by +-EPS at random "
+                    "(comma-separated EPS values; one draw per order)")
     ap.add_argument("--gold-limit", type=int, default=None, help="check the first N labelled answers only (a smoke run)")
     args = ap.parse_args()
     run = Path(args.run)
     start_dir = run / "eval" / f"iter-{args.iteration - 1:04d}"
     if args.iteration < 2 or not start_dir.is_dir():
         raise SystemExit(f"{start_dir}: no eval adapter to start from (give an iteration N >= 2 the run finished N-1 of)")
-    variants = [parse_variant(v) for v in args.variant] or [("as-run", []), ("fresh-min-8", ["experts.batch_fresh_min=8"])]
+    variants = [parse_variant(v) for v in args.variant] or [("as-run", [])]
     run_recipe = load_recipe(run / "recipe.yaml")
     steps = run_recipe.phases.eval.steps
     session = Session.open(load_recipe(run / "recipe.yaml"), Path(tempfile.mkdtemp(prefix="eval-replay-")))
@@ -93,17 +97,22 @@ def main() -> None:
 
     def check() -> dict:
         session.engine.sync_adapter(adapter)
-        preds = [judged(p) for p in evals._choice_probs([evals._request(x) for x in gold_rows])]
+        probs = evals._choice_probs([evals._request(x) for x in gold_rows])
+        preds = [judged(p) for p in probs]
         out = read_out([[float(p == c) for c in LABELS] for p in preds], gold)
+        out["mean_probs"] = [round(sum(p[i] for p in probs) / len(probs), 5) for i in range(len(LABELS))]
         out.update({f"pred_rate_{c}": round(sum(p == c for p in preds) / len(preds), 4) for c in LABELS})
         return out
 
     fresh = {c: sum(r["iteration"] == args.iteration and not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS}
     result = {"run": str(run), "iteration": args.iteration, "steps": steps, "lr": run_recipe.phases.eval.lr,
-              "current_iteration_labels": fresh, "pool": sum(not r.get("heldout") for r in pool), "start": check(), "variants": {}}
+              "current_iteration_labels": fresh, "pool": {c: sum(not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS},
+              "start": check(), "variants": {}}
     print(f"eval@{args.iteration - 1}: {result['start']}; iteration {args.iteration}'s labels {fresh}", flush=True)
     for name, overrides in variants:
-        game.data.recipe = load_recipe(run / "recipe.yaml", overrides)
+        # the batches (data.recipe) and the rate and steps (game.recipe) alike
+        game.recipe = game.data.recipe = variant = load_recipe(run / "recipe.yaml", overrides)
+        steps = variant.phases.eval.steps
         for order in [int(x) for x in args.orders.split(",")]:
             t0 = time.perf_counter()
             restart(params, start, learner, 20_000 + order)
@@ -120,6 +129,17 @@ def main() -> None:
                                        sum(r["panel_label"] == c for r in drawn)] for c in LABELS}}
             result["variants"].setdefault(name, {"overrides": overrides, "orders": {}})["orders"][str(order)] = out
             print(f"{name} order {order}: {out}", flush=True)
+    # the yardstick for "the batches did it": eval@(N-1) moved as far as Adam's first step moves it (every
+    # weight by +-EPS), in a random direction; if that collapses eval as well, eval sits on a cliff
+    for eps in [float(x) for x in args.random_sign.split(",") if x]:
+        for order in [int(x) for x in args.orders.split(",")]:
+            gen = torch.Generator().manual_seed(30_000 + order)
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.copy_(start[k] + eps * (torch.randint(0, 2, p.shape, generator=gen) * 2 - 1).to(p.dtype))
+            out = check()
+            result.setdefault("random_sign", {}).setdefault(str(eps), {})[str(order)] = out
+            print(f"random sign {eps} order {order}: {out}", flush=True)
     path = Path(args.out) if args.out else run / f"eval-replay-it{args.iteration}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")

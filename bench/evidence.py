@@ -118,17 +118,15 @@ VARIANTS = {
     "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
     "main-decision-s0": ["seed=0", "phases.blue_warmup.decision_requests=224"],
     "main-decision-s1": ["seed=1", "phases.blue_warmup.decision_requests=224"],
-    # eval's drift: in main-decision-s0 (2026-12-05) eval fell from 94.2 to 50.8 on the labelled set in iteration 3,
-    # calling 52 of its 57 `positive` answers `rejective`: that phase drew `rejective` three times in four from the
-    # iteration's 3 such labels, one a benign compliance the rules called a refusal ("..., you can't help"). A label
-    # with fewer than 8 new pairs (a phase's draws of one label: 3 steps x 8 / 3 labels) draws from them less often
-    "main-fresh-min-s0": ["seed=0", "experts.batch_fresh_min=8"],
-    "main-decision-fresh-min-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "experts.batch_fresh_min=8"],
+    # eval's drift: main-decision-s0 (2026-12-05) ended with eval at 50.8 on the labelled set (94.2 after its warm start),
+    # calling 52 of its 57 `positive` answers `rejective` after its last phase. Replayed from eval@2
+    # (bench/eval_phase_replay.py, bench/results/eval-replay/): any 3 steps at 2e-4 did it, whatever the batches (as run
+    # 0.59, drawn uniformly from every iteration 0.63, few new pairs drawn less often 0.59); at 5e-5, 0.73
+    "main-decision-eval-slow-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
     "warm-only-decision1": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_tokens=1"],
-    "main-decision1-fresh-min-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_tokens=1",
-                                    "experts.batch_fresh_min=8"],
+    "main-decision1-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_tokens=1"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
     "warm-only-contrast": WARM_ONLY + ["phases.blue_warmup.refusal_contrast=true"],
     # the main run with it

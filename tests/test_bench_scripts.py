@@ -354,8 +354,9 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
                             for i, (r, lab) in enumerate([("Sure, here is how.", "negative"), ("I can't help with that.", "rejective")])))
     out = tmp_path / "replay.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_phase_replay.py"), str(tmp_path / "run"), "--iteration", "2",
-                           "--gold", str(gold), "--orders", "0", "--variant", "as-run=", "--variant", "few=experts.batch_fresh_min=1000",
-                           "--out", str(out)], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT)
+                           "--gold", str(gold), "--orders", "0", "--variant", "as-run=", "--variant", "few=experts.batch_fresh_share=0.0",
+                           "--random-sign", "0.001", "--out", str(out)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["iteration"] == 2 and res["steps"] == 2 and 0 <= res["start"]["accuracy"] <= 1
@@ -366,6 +367,8 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
         assert 0 <= row["accuracy"] <= 1 and abs(sum(row[f"pred_rate_{c}"] for c in ("negative", "rejective", "positive")) - 1) < 1e-6
         for c, (now, distinct, draws) in row["fresh_draws"].items():
             assert distinct <= now <= draws and distinct <= fresh[c]
-    # batch_fresh_share 1.0: a label with new pairs (and old ones) draws only new ones as run; with 1000 wanted, rarely
-    as_run, few = (res["variants"][n]["orders"]["0"]["fresh_draws"] for n in ("as-run", "few"))
-    assert sum(v[0] for v in few.values()) < sum(v[0] for v in as_run.values())
+    # batch_fresh_share 1.0, as run: a label with new pairs (and old ones) draws only new ones
+    as_run = res["variants"]["as-run"]["orders"]["0"]["fresh_draws"]
+    mixed = [c for c in fresh if 0 < fresh[c] < res["pool"][c] and as_run[c][2]]
+    assert mixed and all(as_run[c][0] == as_run[c][2] for c in mixed)
+    assert 0 <= res["random_sign"]["0.001"]["0"]["accuracy"] <= 1

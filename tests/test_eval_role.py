@@ -158,28 +158,6 @@ def test_batches_draw_each_label_from_the_current_iteration_first():
     assert batches[0] == batches[1]
 
 
-def test_a_label_with_few_new_pairs_draws_them_less_often():
-    import random
-
-    from lora_triplay.triplay.rundata import RunData
-
-    def fresh_share_of_positives(fresh_pairs: int, fresh_min: int) -> float:
-        recipe = build_recipe({"experts": {"balance_classes": True, "heldout_share": 0.0, "batch_fresh_share": 1.0,
-                                           "batch_fresh_min": fresh_min}})
-        data = RunData(recipe, {"cursor": 0}, panel=None)
-        data.pairs.iteration = 2
-        data.labelled = ([{"panel_label": c, "pair": i, "iteration": 1} for i, c in enumerate(["negative", "positive"] * 90)]
-                         + [{"panel_label": "positive", "pair": 180 + i, "iteration": 2} for i in range(fresh_pairs)])
-        random.seed(0)
-        drawn = [x for _ in range(200) for x in data.sample_labelled_pairs(8) if x["panel_label"] == "positive"]
-        return sum(x["iteration"] == 2 for x in drawn) / len(drawn)
-
-    assert fresh_share_of_positives(3, 0) == 1.0  # off: the one option alone, every positive from the 3 new pairs
-    # 3 new pairs of 12 wanted: a quarter of the draws go to them, the rest to all positives (3 of 93 new)
-    assert 0.2 < fresh_share_of_positives(3, 12) < 0.33
-    assert fresh_share_of_positives(12, 12) == 1.0 and fresh_share_of_positives(20, 12) == 1.0  # enough new pairs: as before
-
-
 def test_heldout_pairs_never_train_eval():
     from lora_triplay.triplay.rundata import RunData
 

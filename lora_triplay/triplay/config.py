@@ -323,14 +323,15 @@ class ExpertsConfig(_Strict):
         "often as blue's large one and eval keeps meeting new compliances once blue refuses (pairs.py spread)"
     )
     pool_cap: int = Field(4096, ge=16, description="pairs kept in memory per reservoir (current iteration, older ones)")
-    balance_classes: bool = Field(False, description="eval's batches draw each panel label equally often (else it learns the prior)")
-    batch_fresh_share: float = Field(
-        0.0, ge=0, le=1, description="with balance_classes: share of each label's draws in eval's batches taken from the "
-        "current iteration's labels, where it has any (0: uniformly from all so far): eval learns its warm start's pairs "
-        "to a near-zero loss, so the new pairs must steer the update; drawn uniformly they were mostly `positive`"
+    balance_classes: bool = Field(
+        False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the prior)"
     )
-    batch_fresh_min: int = Field(0, ge=0, description="a label with n < this many current-iteration pairs draws from them at "
-                                 "batch_fresh_share x n / this: a few new pairs are not repeated through a phase (0: off)")
+    batch_fresh_share: float = Field(
+        0.0, ge=0, le=1, description="with balance_classes: the share of each label's draws in eval's batches taken "
+        "from the current iteration's labels, where it has any (0: uniformly from every label so far). Why: eval "
+        "learns its warm start's pairs to a near-zero loss, so in later batches they carry almost no gradient and the "
+        "few new pairs steer the update; drawn uniformly, the new ones were mostly `positive` (fifth evidence run)"
+    )
     heldout_share: float = Field(
         0.1, ge=0, le=0.5, description="share of the panel-labelled pairs kept out of eval's training: after each eval phase "
         "eval labels them (accuracy, per-class recall, predicted labels, calibration error in metrics.jsonl)"

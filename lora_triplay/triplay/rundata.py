@@ -186,17 +186,13 @@ class RunData:
             by.setdefault(row["panel_label"], []).append(row)
         classes = sorted(by)
         random.shuffle(classes)
-        fresh_share, fresh_min = self.recipe.experts.batch_fresh_share, self.recipe.experts.batch_fresh_min
+        fresh_share = self.recipe.experts.batch_fresh_share
         out = []
         for i in range(min(k, len(pool))):
             rows = by[classes[i % len(classes)]]
             fresh = [r for r in rows if r.get("iteration") == self.pairs.iteration]
-            # few new pairs of a label, drawn less often: in the twelfth evidence run one benign compliance the
-            # rules called `rejective` was a third of that label's draws in a phase, and eval then called 52 of
-            # the labelled set's 57 `positive` answers `rejective` (bench/BENCHMARKS.md "Blue's decision in the loop")
-            share = fresh_share * min(1.0, len(fresh) / fresh_min) if fresh_min else fresh_share
             # no draw where every row is fresh (eval's warm start): its batches stay those of a recipe without it
-            if fresh_share and 0 < len(fresh) < len(rows) and random.random() < share:
+            if fresh_share and 0 < len(fresh) < len(rows) and random.random() < fresh_share:
                 rows = fresh
             out.append(rows[random.randrange(len(rows))])
         return out
