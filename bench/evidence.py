@@ -116,6 +116,8 @@ VARIANTS = {
     "warm-only-s2": WARM_ONLY + ["seed=2"],
     "warm-only-decision-s2": WARM_ONLY + ["seed=2", "phases.blue_warmup.decision_requests=224"],
     "warm-only-decision-long": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.steps=64"],
+    # the loop with it. Measured 2026-12-05 (seed 0, bench/results/evidence-decision/): over-refusal 1.7 -> 20.0 (the
+    # ninth run 31.7) by refusing less of everything (StrongREJECT ASR 93.3, XSTest unsafe 100), eval 50.8 at the end
     "main-decision-s0": ["seed=0", "phases.blue_warmup.decision_requests=224"],
     "main-decision-s1": ["seed=1", "phases.blue_warmup.decision_requests=224"],
     # eval's drift: main-decision-s0 (2026-12-05) ended with eval at 50.8 on the labelled set (94.2 after its warm start),
