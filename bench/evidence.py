@@ -122,7 +122,7 @@ VARIANTS = {
     "main-decision-s1": ["seed=1", "phases.blue_warmup.decision_requests=224"],
     # eval's drift: main-decision-s0 (2026-12-05) ended with eval at 50.8 on the labelled set (94.2 after its warm start),
     # calling 52 of its 57 `positive` answers `rejective` after its last phase. Replayed from eval@2
-    # (bench/eval_phase_replay.py, bench/results/eval-replay/): any 3 steps at 2e-4 did it, whatever the batches (as run
+    # (bench/eval_phase_replay.py, fresh optimizer; bench/results/eval-replay/): any 3 steps at 2e-4 did it, whatever the batches (as run
     # 0.59, drawn uniformly from every iteration 0.63, few new pairs drawn less often 0.59); at 5e-5, 0.73
     "main-decision-eval-slow-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
