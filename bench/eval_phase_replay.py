@@ -13,10 +13,14 @@ the labelled answer set (never trained on): accuracy, per-class recall,
 predicted-label rates. eval@(N-1) itself is checked first: it should match
 the evidence report's iteration N-1.
 
-Not the run's phase exactly: the optimizer starts empty (the run's carried
-Adam's moments from the phases before), and every label of iteration N is
-in the pool from step 1 (the run labelled them step by step). The
-`as-run` variant tells whether the replay reproduces what the run did.
+Not the run's phase exactly: the optimizer starts empty (the run carried
+Adam's moments from the phases before; measured on main-decision-s0, the
+empty one is harsher: iteration 2 replayed fell to 49.2 where the run held
+88.3), and every label of iteration N is in the pool from step 1 (the run
+labelled them step by step). The `as-run` variant tells how close the
+replay comes to what the run did. `--random-sign EPS` also checks eval@(N-1)
+moved by +-EPS on every weight in a random direction: the yardstick for
+whether the update's direction or only its size moves eval.
 Why: main-decision-s0 (2026-12-05) lost 94.2 -> 50.8 on the labelled set in
 its last eval phase; a replay tells which settings of that phase (its
 batches, rate, steps) would have kept eval (bench/BENCHMARKS.md "Blue's
@@ -71,7 +75,7 @@ def main() -> None:
     variants = [parse_variant(v) for v in args.variant] or [("as-run", [])]
     run_recipe = load_recipe(run / "recipe.yaml")
     steps = run_recipe.phases.eval.steps
-    session = Session.open(load_recipe(run / "recipe.yaml"), Path(tempfile.mkdtemp(prefix="eval-replay-")))
+    session = Session.open(run_recipe, Path(tempfile.mkdtemp(prefix="eval-replay-")))
     game = session.game
     evals, adapter, learner = game.phases.evals, game.roles["eval"], session.learners["eval"]
     params = adapter_parameters(session.model, adapter)

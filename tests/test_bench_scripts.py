@@ -355,7 +355,7 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
     out = tmp_path / "replay.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_phase_replay.py"), str(tmp_path / "run"), "--iteration", "2",
                            "--gold", str(gold), "--orders", "0", "--variant", "as-run=", "--variant", "few=experts.batch_fresh_share=0.0",
-                           "--random-sign", "0.001", "--out", str(out)],
+                           "--random-sign", "0.05", "--out", str(out)],
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -371,4 +371,4 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
     as_run = res["variants"]["as-run"]["orders"]["0"]["fresh_draws"]
     mixed = [c for c in fresh if 0 < fresh[c] < res["pool"][c] and as_run[c][2]]
     assert mixed and all(as_run[c][0] == as_run[c][2] for c in mixed)
-    assert 0 <= res["random_sign"]["0.001"]["0"]["accuracy"] <= 1
+    assert res["random_sign"]["0.05"]["0"]["mean_probs"] != res["start"]["mean_probs"]  # the random move reached the engine
