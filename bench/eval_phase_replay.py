@@ -13,11 +13,14 @@ the labelled answer set (never trained on): accuracy, per-class recall,
 predicted-label rates. eval@(N-1) itself is checked first: it should match
 the evidence report's iteration N-1.
 
-Not the run's phase exactly: the optimizer starts empty (the run carried
-Adam's moments from the phases before; measured on main-decision-s0, the
-empty one is harsher: iteration 2 replayed fell to 49.2 where the run held
-88.3), and every label of iteration N is in the pool from step 1 (the run
-labelled them step by step). The `as-run` variant tells how close the
+Eval's optimizer starts from the run's own state at the end of iteration
+N-1 where the run kept it (`run.snapshot_optimizer: true`: Adam's moments in
+eval/iter-000N-1), else empty (`--fresh-optimizer` forces that). An empty
+one is harsher: Adam's first step moves every weight by the full rate
+whatever the gradient's size (main-decision-s0, whose run did not keep its
+moments: iteration 2 replayed fell to 49.2 where the run held 88.3). Every
+label of iteration N is in the pool from step 1 (the run labelled them step
+by step). The `as-run` variant tells how close the
 replay comes to what the run did. `--random-sign EPS` also checks eval@(N-1)
 moved by +-EPS on every weight in a random direction: the yardstick for
 whether the update's direction or only its size moves eval.
@@ -67,6 +70,8 @@ def main() -> None:
     ap.add_argument("--random-sign", default="", help="also check eval@(N-1) with every weight moved by +-EPS at random "
                     "(comma-separated EPS values; one draw per order)")
     ap.add_argument("--gold-limit", type=int, default=None, help="check the first N labelled answers only (a smoke run)")
+    ap.add_argument("--fresh-optimizer", action="store_true", help="start every variant from an empty optimizer even where "
+                    "the run kept eval's moments")
     args = ap.parse_args()
     run = Path(args.run)
     start_dir = run / "eval" / f"iter-{args.iteration - 1:04d}"
@@ -81,6 +86,7 @@ def main() -> None:
     params = adapter_parameters(session.model, adapter)
     load_adapter_weights(session.model, adapter, start_dir, expect_rank=run_recipe.lora.rank)
     start = {k: v.detach().clone() for k, v in params.items()}
+    moments = (start_dir / "optimizer.safetensors").is_file() and not args.fresh_optimizer
     activate(session.model, adapter)  # as the session does for a phase: eval's adapter the one the update trains
     session.model.eval()
     panel = [json.loads(line) for line in (run / "panel.jsonl").read_text().splitlines() if line.strip()]
@@ -109,7 +115,7 @@ def main() -> None:
         return out
 
     fresh = {c: sum(r["iteration"] == args.iteration and not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS}
-    result = {"run": str(run), "iteration": args.iteration, "steps": steps, "lr": run_recipe.phases.eval.lr,
+    result = {"run": str(run), "iteration": args.iteration, "steps": steps, "lr": run_recipe.phases.eval.lr, "run_moments": moments,
               "current_iteration_labels": fresh, "pool": {c: sum(not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS},
               "start": check(), "variants": {}}
     print(f"eval@{args.iteration - 1}: {result['start']}; iteration {args.iteration}'s labels {fresh}", flush=True)
@@ -120,14 +126,22 @@ def main() -> None:
         for order in [int(x) for x in args.orders.split(",")]:
             t0 = time.perf_counter()
             restart(params, start, learner, 20_000 + order)
+            if moments:  # Adam's moments as the run had them when the phase began
+                session.store.load_optimizer(start_dir, learner.optimizer)
+            updates_before = learner.updates_done()  # the run's eval steps so far with its moments, else 0
             drawn.clear()
+            steps_seen = []
             for step in range(1, steps + 1):
                 learner.lr = game.phase_lr("eval", step, steps)
                 res = evals.train(args.iteration, step, [], {}, "eval")
-                learner.step([], res.examples, res.smoothing)
+                stats = learner.step([], res.examples, res.smoothing)
+                steps_seen.append({"ce_loss": round(stats.extra.get("ce_loss", float("nan")), 4), "grad_norm": round(stats.grad_norm, 5)})
             now = [r for r in drawn if r["iteration"] == args.iteration]
             moved = max((p.detach() - start[k]).abs().max().item() for k, p in params.items())
-            out = {"seconds": round(time.perf_counter() - t0, 1), "max_weight_change": moved, **check(),
+            mean_moved = sum((p.detach() - start[k]).abs().sum().item() for k, p in params.items()) / sum(p.numel() for p in params.values())
+            out = {"seconds": round(time.perf_counter() - t0, 1), "optimizer_steps_before": updates_before,
+                   "max_weight_change": moved, "mean_weight_change": mean_moved,
+                   "steps": steps_seen, **check(),
                    # per label: draws from the current iteration / distinct pairs among them / all draws
                    "fresh_draws": {c: [sum(r["panel_label"] == c for r in now), len({r["pair"] for r in now if r["panel_label"] == c}),
                                        sum(r["panel_label"] == c for r in drawn)] for c in LABELS}}

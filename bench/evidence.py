@@ -281,6 +281,11 @@ def gold(work: Path) -> list[str]:
     return [f"experts.gold_pairs={work / 'heldout' / 'labelled-pairs.jsonl'}", "experts.gold_after=[eval_warmup]"]
 
 
+# every iteration's snapshot keeps Adam's moments too (~2x the adapter, ~40 MB at 135M), so that one phase of a
+# finished run can be replayed as the run ran it (bench/eval_phase_replay.py); the training is unchanged
+REPLAYABLE = "run.snapshot_optimizer=true"
+
+
 def train(work: Path, names: list[str], jobs: int) -> dict:
     times_file = work / "train-times.json"
     times = json.loads(times_file.read_text()) if times_file.is_file() else {}
@@ -293,7 +298,8 @@ def train(work: Path, names: list[str], jobs: int) -> dict:
             resume = (run / "state.json").is_file()
             if run.exists() and not resume:
                 shutil.rmtree(run)
-            cmd = cli() + ["run", str(RECIPE), *overrides(name, work), *gold(work), "--run-dir", str(run)] + (["--resume"] if resume else [])
+            cmd = cli() + ["run", str(RECIPE), *overrides(name, work), *gold(work), REPLAYABLE, "--run-dir", str(run)]
+            cmd += ["--resume"] if resume else []
             if not procs:  # the host's yardstick, while nothing of ours runs beside it
                 record_host_speed(work / "host-speed.json", name, "before", jobs)
             logf = open(work / f"train-{name}.log", "a")

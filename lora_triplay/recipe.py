@@ -205,6 +205,10 @@ class RunConfig(_Strict):
         1, ge=1, description="commit (adapter + optimizer + state.json) every N steps; the end of a phase always commits"
     )
     transcripts: int = Field(2, ge=0, description="sampled transcripts kept per step")
+    snapshot_optimizer: bool = Field(
+        False, description="each role's iteration snapshot also keeps its optimizer state (Adam's moments: ~2x the adapter), "
+        "so one phase can be replayed as the run ran it (bench/eval_phase_replay.py)"
+    )
 
 
 class Recipe(_Strict):

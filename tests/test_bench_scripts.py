@@ -346,9 +346,13 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
         "phases: {red: {steps: 1}, blue: {steps: 1}, eval: {steps: 2, objective: sft}}\n"
         "grpo: {group_size: 2, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}\n"
         "rewards: {judge_mode: choice, embedding_model: hashing}\ndefenders: [{name: blue, weight: 1.0}]\n"
-        "experts: {safety_experts: 0, utility_experts: 0, min_votes: 1, balance_classes: true, batch_fresh_share: 1.0, heldout_share: 0.0}\n")
+        "experts: {safety_experts: 0, utility_experts: 0, min_votes: 1, balance_classes: true, batch_fresh_share: 1.0, heldout_share: 0.0}\n"
+        "run: {snapshot_optimizer: true}\n")
     result = CliRunner().invoke(app, ["run", str(recipe), "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
+    # the iteration snapshots keep Adam's moments; the untrained one (iteration 0) has none to keep
+    assert (tmp_path / "run" / "eval" / "iter-0001" / "optimizer.safetensors").is_file()
+    assert not (tmp_path / "run" / "eval" / "iter-0000" / "optimizer.safetensors").exists()
     gold = tmp_path / "gold.jsonl"
     gold.write_text("".join(json.dumps({"prompt": f"question {i}", "response": r, "label": lab}) + "\n"
                             for i, (r, lab) in enumerate([("Sure, here is how.", "negative"), ("I can't help with that.", "rejective")])))
@@ -360,6 +364,8 @@ def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_settin
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["iteration"] == 2 and res["steps"] == 2 and 0 <= res["start"]["accuracy"] <= 1
+    assert res["run_moments"]  # each variant starts from the run's optimizer as iteration 1 left it: its 2 eval steps
+    assert all(v["orders"]["0"]["optimizer_steps_before"] == 2 for v in res["variants"].values())
     fresh = res["current_iteration_labels"]
     for name in ("as-run", "few"):
         row = res["variants"][name]["orders"]["0"]

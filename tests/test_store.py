@@ -67,6 +67,19 @@ def test_optimizer_state_round_trip_without_pickle(tmp_path):
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["state"][idx][key])), key
 
 
+def test_snapshot_keeps_the_optimizer_only_when_asked(tmp_path):
+    store = RunStore(tmp_path / "run").create()
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors", "optimizer.json"):
+        (checkpoint / name).write_bytes(name.encode())
+    plain, kept = store.snapshot("eval", 1, checkpoint), store.snapshot("eval", 2, checkpoint, optimizer=True)
+    assert {p.name for p in plain.iterdir()} == {"adapter_model.safetensors", "adapter_config.json"}
+    assert {p.name for p in kept.iterdir()} == {p.name for p in checkpoint.iterdir()}
+    assert (kept / "optimizer.json").read_bytes() == b"optimizer.json"
+    assert store.snapshots("eval") == [1, 2]
+
+
 def test_rng_round_trip_through_json():
     random.seed(1)
     np.random.seed(2)

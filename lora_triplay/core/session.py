@@ -287,7 +287,7 @@ class Session:
                 self._one_step(it, phase, total)
                 total = game.steps(it, phase)  # a game may end a phase early (TriPlay: control.py)
             if game.snapshot_after(phase):
-                self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]))
+                self.store.snapshot(role, it, self.store.path(st["checkpoints"][role]), optimizer=self.recipe.run.snapshot_optimizer)
             self._check_ranks_agree(role)
             self._after_phase(it, phase)
             self.hooks.phase_end(it, phase)

@@ -126,10 +126,15 @@ class RunStore:
     def snapshot_dir(self, role: str, iteration: int) -> Path:
         return self.path(role, f"iter-{iteration:04d}")
 
-    def snapshot(self, role: str, iteration: int, source: Path) -> Path:
-        """Copy a checkpoint's adapter files to <role>/iter-NNNN."""
+    def snapshot(self, role: str, iteration: int, source: Path, optimizer: bool = False) -> Path:
+        """Copy a checkpoint's adapter files to <role>/iter-NNNN (and its
+        optimizer state with `optimizer`: run.snapshot_optimizer)."""
+        names = ["adapter_model.safetensors", "adapter_config.json"]
+        if optimizer and (source / "optimizer.safetensors").is_file():
+            names += ["optimizer.safetensors", "optimizer.json"]
+
         def fill(tmp: Path) -> None:
-            for name in ("adapter_model.safetensors", "adapter_config.json"):
+            for name in names:
                 shutil.copy2(source / name, tmp / name)
                 crash_point("snapshot")
 
