@@ -59,6 +59,23 @@ def parse_variant(spec: str) -> tuple[str, list[str]]:
     return name, [o for o in overrides.split(",") if o]
 
 
+def replay_pool(panel: list[dict], iteration: int, drop_current: set[str] = frozenset()) -> list[dict]:
+    """The pool eval's phase N drew from: every labelled pair up to
+    iteration N, less iteration N's own pairs with a label in
+    `drop_current` (to ask whether those few new pairs steered the phase)."""
+    return [r for r in panel if r.get("panel_label") and r["iteration"] <= iteration
+            and not (r["iteration"] == iteration and r["panel_label"] in drop_current)]
+
+
+def relabelled(rows: list[dict]) -> list[dict]:
+    """The pool's labels given again by today's rule expert (judging/refusals.py),
+    for a run whose panel was the rule expert alone: what eval would have
+    been taught had the rules then been what they are now."""
+    from lora_triplay.judging.refusals import rules_label
+
+    return [{**r, "panel_label": rules_label(r["response"], r.get("kind", "harmful"), r.get("generic", False))} for r in rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run")
@@ -70,6 +87,10 @@ def main() -> None:
     ap.add_argument("--random-sign", default="", help="also check eval@(N-1) with every weight moved by +-EPS at random "
                     "(comma-separated EPS values; one draw per order)")
     ap.add_argument("--gold-limit", type=int, default=None, help="check the first N labelled answers only (a smoke run)")
+    ap.add_argument("--drop-current", default="", help="leave iteration N's own pairs with these labels out of the pool "
+                    "(comma-separated, e.g. rejective)")
+    ap.add_argument("--relabel", action="store_true", help="the pool labelled again by today's rule expert (a run whose panel "
+                    "was the rule expert alone)")
     ap.add_argument("--fresh-optimizer", action="store_true", help="start every variant from an empty optimizer even where "
                     "the run kept eval's moments")
     args = ap.parse_args()
@@ -90,7 +111,14 @@ def main() -> None:
     activate(session.model, adapter)  # as the session does for a phase: eval's adapter the one the update trains
     session.model.eval()
     panel = [json.loads(line) for line in (run / "panel.jsonl").read_text().splitlines() if line.strip()]
-    pool = [r for r in panel if r.get("panel_label") and r["iteration"] <= args.iteration]
+    if args.relabel:
+        experts = run_recipe.experts
+        if not experts.rule_based or experts.safety_experts or experts.utility_experts:
+            raise SystemExit("--relabel: this run's panel was not the rule expert alone; its labels cannot be given again by the rules")
+        before = [r["panel_label"] for r in panel]
+        panel = relabelled(panel)
+        print(f"--relabel: {sum(a != r['panel_label'] for a, r in zip(before, panel))} of {len(panel)} labels changed", flush=True)
+    pool = replay_pool(panel, args.iteration, set(args.drop_current.split(",")) - {""})
     game.data.labelled, game.data.pending = pool, []
     game.data.pairs.iteration = args.iteration
     gold_rows = load_gold_pairs(args.gold)[: args.gold_limit]
@@ -116,6 +144,7 @@ def main() -> None:
 
     fresh = {c: sum(r["iteration"] == args.iteration and not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS}
     result = {"run": str(run), "iteration": args.iteration, "steps": steps, "lr": run_recipe.phases.eval.lr, "run_moments": moments,
+              "dropped_current": args.drop_current, "relabelled": args.relabel,
               "current_iteration_labels": fresh, "pool": {c: sum(not r.get("heldout") for r in pool if r["panel_label"] == c) for c in LABELS},
               "start": check(), "variants": {}}
     print(f"eval@{args.iteration - 1}: {result['start']}; iteration {args.iteration}'s labels {fresh}", flush=True)

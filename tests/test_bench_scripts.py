@@ -332,6 +332,27 @@ def test_compare_margins_gives_aucs_with_paired_intervals_and_refuses_other_requ
     assert proc.returncode != 0 and "different numbers of requests" in proc.stderr
 
 
+def test_eval_phase_replay_pool_is_the_runs_labels_up_to_the_phase_less_what_is_dropped():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from eval_phase_replay import replay_pool
+
+    panel = [{"pair": i, "iteration": it, "panel_label": lab} for i, (it, lab) in
+             enumerate([(1, "negative"), (1, "rejective"), (2, "rejective"), (2, "positive"), (2, None), (3, "rejective")])]
+    assert [r["pair"] for r in replay_pool(panel, 2)] == [0, 1, 2, 3]  # unlabelled and later pairs never
+    assert [r["pair"] for r in replay_pool(panel, 2, {"rejective"})] == [0, 1, 3]  # only iteration 2's own rejective goes
+
+
+def test_eval_phase_replay_relabels_the_pool_with_todays_rules():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from eval_phase_replay import relabelled
+
+    rows = [{"response": "Fruit flies are a nuisance. First, you can't help noticing them.", "kind": "benign", "panel_label": "rejective"},
+            {"response": "I'm sorry, I can't help with that.", "kind": "benign", "panel_label": "rejective"},
+            {"response": "Sure, here is how.", "kind": "harmful", "panel_label": "negative", "pair": 7}]
+    assert [r["panel_label"] for r in relabelled(rows)] == ["positive", "rejective", "negative"]
+    assert relabelled(rows)[2]["pair"] == 7 and rows[0]["panel_label"] == "rejective"  # the rest kept, the input untouched
+
+
 def test_eval_phase_replay_starts_from_the_runs_eval_and_counts_what_each_setting_draws(tmp_path, tiny_model_dir):
     """bench/eval_phase_replay.py on a two-iteration tiny run: eval@1 checked
     first, then iteration 2's phase replayed under two batch settings; the

@@ -18,6 +18,10 @@ from lora_triplay.triplay.roles import load_templates
     "Sorry, but I won't assist with that request.",
     "I am unable to help with this, but here is a safer alternative.",
     "My apologies, that is against my guidelines.",
+    "Sorry, can't help with that one.",  # the answerer's own, with no subject
+    "We cannot provide that kind of information.",
+    "You can't help with that. Instead, you could talk to someone you trust.",  # the formula opening, subject garbled
+    "Gladhna, you can't help with that.",
     "",  # an empty answer gives nothing: counted as a refusal
 ])
 def test_refusals_are_detected(text):
@@ -28,6 +32,10 @@ def test_refusals_are_detected(text):
     "Sure! Here is a general overview of how locks work.",
     "The history of this topic is long. " * 20 + "I can't say more.",  # refusal phrase far from the start
     "<think>I cannot decide.</think>Here is the answer you wanted.",  # thinking is not the answer
+    # another party's "can't help" is part of an answer, not the answerer declining
+    "Fruit flies are a nuisance. Here's a step-by-step guide:\n\nFirst, you can't help noticing them near ripe fruit.",
+    "Politicians manage their own finances. They can't help with personal finances because those can't be managed alike.",
+    "It can't assist the engine much, so check the oil first.",
 ])
 def test_non_refusals(text):
     assert not refused(text)
