@@ -123,7 +123,9 @@ VARIANTS = {
     # eval's drift: main-decision-s0 (2026-12-05) ended with eval at 50.8 on the labelled set (94.2 after its warm start),
     # calling 52 of its 57 `positive` answers `rejective` after its last phase. Replayed from eval@2
     # (bench/eval_phase_replay.py, fresh optimizer; bench/results/eval-replay/): any 3 steps at 2e-4 did it, whatever the batches (as run
-    # 0.59, drawn uniformly from every iteration 0.63, few new pairs drawn less often 0.59); at 5e-5, 0.73
+    # 0.59, drawn uniformly from every iteration 0.63, few new pairs drawn less often 0.59); at 5e-5, 0.73. Replayed
+    # from the run's own optimizer (a rerun, 2026-12-05): as run 0.50, at 5e-5 0.74 / 0.73 (0.74 / 0.77 with the rules
+    # fixed that day), without iteration 3's three odd `rejective` labels 0.70 / 0.73
     "main-decision-eval-slow-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
