@@ -129,6 +129,8 @@ VARIANTS = {
     "main-decision-eval-slow-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
+    # Measured 2026-12-05 (BENCHMARKS, decision1-s0.json): AUC 0.69 (0.80 with 8 tokens), greedy refusals as without a
+    # decision (82.5 / 55 / 35%): blue lowered "I" and refused with other openings; main-decision1-s0 not run
     "warm-only-decision1": WARM_ONLY + ["phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_tokens=1"],
     "main-decision1-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.blue_warmup.decision_tokens=1"],
     # each benign answer also learnt against a kept refusal (cross-entropy over the pair's sequence log-probs)
