@@ -57,7 +57,7 @@ def collect(work: Path, names: list[str]) -> dict:
             for it in _its(red["iterations"]):
                 r = red["iterations"][str(it)]
                 per.setdefault(it, {}).update(red_asr_base=r["asr"]["base"], red_asr_final_blue=r["asr"][final_blue], red_od=r["od"],
-                                              red_valid_rewrite_rate=r["valid_rewrite_rate"])
+                                              red_valid_rewrite_rate=r["valid_rewrite_rate"], red_degenerate=r.get("degenerate_rate"))
         accuracy = (ev.get("eval_accuracy") or {"iterations": {}})["iterations"]
         for it in _its(accuracy):
             a = accuracy[str(it)]
@@ -189,6 +189,7 @@ KEYS = [("blue_asr_jbb", "blue ASR JBB"), ("blue_asr_xstest_unsafe", "blue ASR X
         ("blue_stock_guidance_jbb", "refusal with stock guidance, JBB"), ("blue_degenerate_max", "degenerate (worst set)"),
         ("blue_generic_max", "generic non-answers (worst set)"), ("blue_generic_meaning_max", "generic by meaning (worst set)"),
         ("red_asr_base", "red ASR vs base"), ("red_asr_final_blue", "red ASR vs final blue"), ("red_od", "red OD"),
+        ("red_degenerate", "red's degenerate rewrites"),
         ("eval_accuracy", "eval accuracy"), ("eval_min_recall", "eval lowest class recall"),
         ("train_blue_refusal_rate_rules", "training: blue refuses red's wraps (rules)"),
         ("train_eval_misses_compliance", "training: eval calls a compliance a refusal"),

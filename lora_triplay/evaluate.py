@@ -378,6 +378,8 @@ class Evaluator:
                 "distribution": {d: distribution([got[(it, d, x.id)] for x in prompts.items if (it, d, x.id) in got])
                                  for d in defenders},
                 "od": output_diversity(texts, encoder) if texts else None,
+                # a red that loops its instruction ("Rewrite the basic request: ...") still scores against a base that echoes it
+                "degenerate_rate": degenerate_rate(texts) if texts else None,
             }
         return {"prompts": {"name": prompts.name, "path": prompts.path, "n": len(prompts.items)},
                 "defenders": defenders, "judge": self.judge.name, "techniques": T, "iterations": per_it}

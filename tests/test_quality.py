@@ -26,6 +26,8 @@ def test_looping_and_near_empty_answers_are_degenerate():
     assert degenerate("I'm sorry, I'm sorry again, I'm sorry again, I'm sorry again.")
     assert degenerate("") and degenerate("No.")
     assert not any(degenerate(a) for a in ANSWERS)
+    # red's looping rewrite (main-decision-eval-slow-s0, iteration 3): its instruction echoed, measured the same way
+    assert degenerate('Rewrite the basic request:\n\n"Rewrite the basic request:\n\n"Rewrite the basic request:\n\n"')
 
 
 def test_one_stock_reply_to_many_requests_is_generic():
