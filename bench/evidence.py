@@ -127,7 +127,7 @@ VARIANTS = {
     # from the run's own optimizer (a rerun, 2026-12-05): as run 0.50, at 5e-5 0.74 / 0.73 (0.74 / 0.77 with the rules
     # fixed that day), without iteration 3's three odd `rejective` labels 0.70 / 0.73
     # Measured 2026-12-05 (bench/results/evidence-eval-slow/): eval 94.2 after its warm start and at the end (lowest
-    # recall 81.2); blue as at 2e-4 (JBB ASR 55.0, over-refusal 18.3); red echoed its instruction at iteration 3 (OD 0.456)
+    # recall 81.2); blue as at 2e-4 (JBB ASR 55.0, over-refusal 18.3); 36% of red's rewrites looped its instruction at it 3 (OD 0.456)
     "main-decision-eval-slow-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
