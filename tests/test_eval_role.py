@@ -249,6 +249,16 @@ def test_a_run_checks_eval_after_its_warm_start_and_every_phase(tiny_model_dir, 
     assert all(set(f"recall_{c}" for c in LABELS) <= set(r) for r in gold_rows)
     panel = [json.loads(x) for x in (tmp_path / "run" / "panel.jsonl").read_text().splitlines()]
     assert {r.get("heldout") for r in panel} == {True, False}
+    # the last held-out check saw every held-out pair: each class's recall is its kinds' recalls weighted by their counts
+    last = [r for r in rows if r["phase"] == "eval_heldout"][-1]
+    held = [r for r in panel if r.get("heldout") and r["panel_label"]]
+    assert any(k.startswith("recall_harmful_") for k in last) and any(k.startswith("recall_benign_") for k in last)
+    for c in LABELS:
+        counts = {k: sum(r["kind"] == k and r["panel_label"] == c for r in held) for k in ("harmful", "benign")}
+        assert {k for k, n in counts.items() if n} == {k for k in counts if f"recall_{k}_{c}" in last}
+        if sum(counts.values()):
+            mixed = sum(n * last[f"recall_{k}_{c}"] for k, n in counts.items() if n) / sum(counts.values())
+            assert last[f"recall_{c}"] == pytest.approx(mixed)
     pairs = [json.loads(x) for x in (tmp_path / "run" / "eval_pairs.jsonl").read_text().splitlines()]
     assert {"blue", "refuse", "guide", "comply"} <= {p.get("style") for p in pairs}  # every warm-start answer style
     from lora_triplay.judging.refusals import refused

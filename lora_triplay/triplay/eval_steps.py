@@ -234,6 +234,12 @@ class EvalSteps:
             mine = [p for p, g in zip(preds, gold) if g == c]
             row[f"recall_{c}"] = sum(p == c for p in mine) / len(mine) if mine else None
             row[f"pred_rate_{c}"] = sum(p == c for p in preds) / len(preds)
+            # per request kind too: one `positive` recall over both kinds hid a warm-started eval that called 9 of 10
+            # refusals with guidance to harmful requests compliances while it got benign help right (2026-12-05)
+            for kind in ("harmful", "benign"):
+                of_kind = [p for p, g, x in zip(preds, gold, pairs) if g == c and x.get("kind") == kind]
+                if of_kind:
+                    row[f"recall_{kind}_{c}"] = sum(p == c for p in of_kind) / len(of_kind)
         if ece is not None:
             row["ece"] = round(ece, 6)
         # a check is instrumentation, not training: its cost is reported apart
