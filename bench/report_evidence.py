@@ -97,7 +97,8 @@ def eval_vs_rules(run: Path) -> dict[int, dict]:
         out[it] = {"train_eval_rules_agreement": sum(p["eval_label"] == r for p, r in zip(mine, rules)) / max(len(mine), 1),
                    "train_blue_refusal_rate_rules": sum(r != "negative" for _, r in harmful) / max(len(harmful), 1),
                    "train_eval_misses_compliance": sum(e != "negative" for e in complied) / max(len(complied), 1)}
-        # the other way: a refusal eval calls a compliance is paid as one (main-decision-s0: 91 of 92 at iteration 1)
+        # the other way: refusals whose likeliest label was compliance (main-decision-s0: 91 of 92 at iteration 1; blue's
+        # soft reward still paid them more than compliances, by a fifth to a half of a seeing judge's gap)
         if refused:
             out[it]["train_eval_misses_refusal"] = sum(e == "negative" for e in refused) / len(refused)
         # the benign side: how often blue refused a benign request, and how often eval paid that refusal as
