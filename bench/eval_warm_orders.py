@@ -45,12 +45,25 @@ from lora_triplay.triplay.rundata import load_gold_pairs  # noqa: E402
 LABELS = ("negative", "rejective", "positive")
 
 
-def read_out(probs: list[list[float]], gold: list[str]) -> dict:
+def read_out(probs: list[list[float]], gold: list[str], kinds: list[str] | None = None,
+             values: dict[str, float] | None = None) -> dict:
+    """Accuracy and each class's recall; with the pairs' kinds, each
+    (kind, class) cell's recall too, and with blue's class values the mean
+    expected reward eval's probabilities give each cell (what blue is paid
+    with soft labels)."""
     preds = [judged(p) for p in probs]
     out = {"accuracy": round(sum(p == g for p, g in zip(preds, gold)) / len(gold), 4)}
     for c in LABELS:
         mine = [p for p, g in zip(preds, gold) if g == c]
         out[f"recall_{c}"] = round(sum(p == c for p in mine) / len(mine), 4) if mine else None
+    for kind in sorted(set(kinds or [])):
+        for c in LABELS:
+            cell = [(p, pr) for p, pr, g, k in zip(preds, probs, gold, kinds) if g == c and k == kind]
+            if not cell:
+                continue
+            out[f"recall_{kind}_{c}"] = round(sum(p == c for p, _ in cell) / len(cell), 4)
+            if values:
+                out[f"expected_{kind}_{c}"] = round(sum(sum(x * values[lab] for x, lab in zip(pr, LABELS)) for _, pr in cell) / len(cell), 4)
     return out
 
 
@@ -66,6 +79,8 @@ def restart(params: dict[str, torch.Tensor], start: dict[str, torch.Tensor], lea
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gold", required=True)
+    ap.add_argument("--probe", default=None, help="more labelled pairs to read out alone (JSONL as --gold: prompt, response, kind, "
+                    "label), e.g. a run's blue answers labelled by the rules judge")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--orders", default="0,1,2")
     ap.add_argument("--ema", default="0.9")
@@ -91,6 +106,8 @@ def main() -> None:
     session.run()  # step 1 makes and labels the pairs
     gold_rows = load_gold_pairs(args.gold)
     gold = [r["label"] for r in gold_rows]
+    probe_rows = load_gold_pairs(args.probe) if args.probe else []
+    values = full.rewards.blue_class_values
     held = game.data.heldout_pairs()
     held_gold = [r["panel_label"] for r in held]
     tails = sorted({max(steps // 3, 1), max(steps // 2, 1)})
@@ -109,8 +126,15 @@ def main() -> None:
         session.engine.sync_adapter(adapter)
         g = evals._choice_probs([evals._request(x) for x in gold_rows])
         h = evals._choice_probs([evals._request(x) for x in held]) if held else []
-        return {"gold": read_out(g, gold), "heldout": read_out(h, held_gold) if held else None,
-                "gold_probs": [[round(x, 5) for x in p] for p in g], "heldout_probs": [[round(x, 5) for x in p] for p in h]}
+        q = evals._choice_probs([evals._request(x) for x in probe_rows]) if probe_rows else []
+        kinds = [x.get("kind", "harmful") for x in held]
+        out = {"gold": read_out(g, gold, [x.get("kind", "harmful") for x in gold_rows], values),
+               "heldout": read_out(h, held_gold, kinds, values) if held else None,
+               "gold_probs": [[round(x, 5) for x in p] for p in g], "heldout_probs": [[round(x, 5) for x in p] for p in h]}
+        if probe_rows:
+            out["probe"] = read_out(q, [x["label"] for x in probe_rows], [x.get("kind", "harmful") for x in probe_rows], values)
+            out["probe_probs"] = [[round(x, 5) for x in p] for p in q]
+        return out
 
     finals: dict[str, list[dict[str, torch.Tensor]]] = {}  # each order's weights, per variant
     for order in [int(x) for x in args.orders.split(",")]:
@@ -140,6 +164,9 @@ def main() -> None:
             f"{n} {c['gold']['accuracy']:.3f} (neg {c['gold']['recall_negative']:.2f} rej {c['gold']['recall_rejective']:.2f} "
             f"pos {c['gold']['recall_positive']:.2f}; held {c['heldout']['accuracy'] if c['heldout'] else '-'})"
             for n, c in checks.items()), flush=True)
+        for n, c in checks.items():
+            cells = {k: v for part in ("heldout", "probe") if c.get(part) for k, v in c[part].items() if k.startswith("recall_harmful")}
+            print(f"  {n} harmful cells (held-out, then probe): {cells}", flush=True)
         out = Path(args.out) if args.out else work.parent / f"seed-{args.seed}.json"
         out.write_text(json.dumps(result, indent=1))
     # a soup: the mean of the orders' weights (one adapter), against the

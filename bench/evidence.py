@@ -129,6 +129,10 @@ VARIANTS = {
     # Measured 2026-12-05 (bench/results/evidence-eval-slow/): eval 94.2 after its warm start and at the end (lowest
     # recall 81.2); blue as at 2e-4 (JBB ASR 55.0, over-refusal 18.3); 36% of red's rewrites looped its instruction at it 3 (OD 0.456)
     "main-decision-eval-slow-s0": ["seed=0", "phases.blue_warmup.decision_requests=224", "phases.eval.lr=5e-5"],
+    # the recipe (no decision) with eval at a quarter of its rate: main-decision-eval-slow-s0 kept eval at 94.2 on the
+    # labelled set to the end (2e-4: 52.5) with blue as at 2e-4; the ninth run (the recipe, 2e-4) ended eval at 90.0 / 73.3
+    "main-eval-slow-s0": ["seed=0", "phases.eval.lr=5e-5"],
+    "main-eval-slow-s1": ["seed=1", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
     # Measured 2026-12-05 (BENCHMARKS, decision1-s0.json): AUC 0.69 (0.80 with 8 tokens), greedy refusals as without a

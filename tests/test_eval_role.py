@@ -130,6 +130,27 @@ def test_balanced_batches_draw_every_label_equally(tmp_path):
     assert abs(drawn.count("positive") / len(drawn) - 0.1) < 0.03
 
 
+def test_kind_balanced_batches_draw_every_kind_and_label_cell_equally():
+    import random
+
+    from lora_triplay.triplay.rundata import RunData
+
+    # a warm start's pool: `positive` is mostly benign help, a refusal with guidance to a harmful request a tenth of it
+    cells = {("harmful", "negative"): 60, ("harmful", "rejective"): 30, ("harmful", "positive"): 10,
+             ("benign", "positive"): 90, ("benign", "rejective"): 30}
+    pool = [{"panel_label": label, "kind": kind, "pair": f"{kind}-{label}-{i}"} for (kind, label), n in cells.items() for i in range(n)]
+    data = RunData(build_recipe({"experts": {"balance_classes": "kind", "heldout_share": 0.0}}), {"cursor": 0}, panel=None)
+    data.labelled = pool
+    random.seed(0)
+    for _ in range(20):  # every batch of 10 holds each of the five cells twice
+        batch = [(x["kind"], x["panel_label"]) for x in data.sample_labelled_pairs(10)]
+        assert sorted(batch.count(c) for c in cells) == [2] * 5
+    data.recipe = build_recipe({"experts": {"balance_classes": True, "heldout_share": 0.0}})
+    drawn = [(x["kind"], x["panel_label"]) for _ in range(40) for x in data.sample_labelled_pairs(9)]
+    # by label alone, harmful `positive` gets its tenth of a third of the draws
+    assert drawn.count(("harmful", "positive")) / len(drawn) < 0.06
+
+
 def test_batches_draw_each_label_from_the_current_iteration_first():
     import random
 

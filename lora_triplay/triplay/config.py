@@ -87,8 +87,7 @@ class WarmupConfig(_Strict):
         "(measurement: recipes/cpu-evidence.yaml)"
     )
     objective: Literal["grpo", "sft", "sft+grpo"] = Field(
-        "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels"
-    )
+        "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels")
     answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
         default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
         description="system prompts the untrained blue answers the warm start's prompts under (templates.yaml "
@@ -323,9 +322,10 @@ class ExpertsConfig(_Strict):
         "often as blue's large one and eval keeps meeting new compliances once blue refuses (pairs.py spread)"
     )
     pool_cap: int = Field(4096, ge=16, description="pairs kept in memory per reservoir (current iteration, older ones)")
-    balance_classes: bool = Field(
-        False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the prior)"
-    )
+    balance_classes: bool | Literal["kind"] = Field(
+        False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the "
+        "prior); `kind`: each (request kind, label) cell, so a refusal with guidance to a harmful request is not a minority "
+        "of `positive` beside benign help (measurement: recipes/cpu-evidence.yaml)")
     batch_fresh_share: float = Field(
         0.0, ge=0, le=1, description="with balance_classes: the share of each label's draws in eval's batches taken "
         "from the current iteration's labels, where it has any (0: uniformly from every label so far). Why: eval "

@@ -175,15 +175,17 @@ class RunData:
         shuffled order, so a batch holds each about equally often), a pair
         drawn for each (drawing the label at random gave batches of 8 such
         as 1/4/3), each label's pair from the current iteration's with
-        probability `experts.batch_fresh_share`."""
+        probability `experts.batch_fresh_share`; with `kind`, each (request
+        kind, label) cell present in turns."""
         pool = [r for r in self.labelled + [r for r in self.pending if r["panel_label"]] if not r.get("heldout")]
         if not pool:
             return []
         if not self.recipe.experts.balance_classes:
             return [pool[random.randrange(len(pool))] for _ in range(min(k, len(pool)))]
-        by: dict[str, list[dict]] = {}
+        by_kind = self.recipe.experts.balance_classes == "kind"
+        by: dict[tuple[str, str], list[dict]] = {}
         for row in pool:
-            by.setdefault(row["panel_label"], []).append(row)
+            by.setdefault((row.get("kind", "harmful") if by_kind else "", row["panel_label"]), []).append(row)
         classes = sorted(by)
         random.shuffle(classes)
         fresh_share = self.recipe.experts.batch_fresh_share
