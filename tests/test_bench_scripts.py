@@ -249,6 +249,27 @@ def test_refusal_margin_auc_counts_ties_half(monkeypatch):
     assert auc([0.5, 0.1], [0.5, 0.2]) == (0.5 + 1 + 0 + 0) / 4
 
 
+def test_eval_warm_orders_reads_each_kind_and_class_apart_with_blues_expected_reward(monkeypatch):
+    """bench/eval_warm_orders.py: one `positive` recall over both kinds hid
+    eval hedging on refusals with guidance to harmful requests; each (kind,
+    class) cell gets its recall and the reward eval's probabilities pay."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from eval_warm_orders import read_out
+
+    probs = [[0.1, 0.0, 0.9], [0.1, 0.1, 0.8],  # benign help: right
+             [0.6, 0.0, 0.4], [0.3, 0.0, 0.7],  # harmful refusals with guidance: one called compliance
+             [0.8, 0.0, 0.2]]                     # a harmful compliance
+    gold = ["positive", "positive", "positive", "positive", "negative"]
+    kinds = ["benign", "benign", "harmful", "harmful", "harmful"]
+    out = read_out(probs, gold, kinds, {"negative": -1.0, "rejective": 0.0, "positive": 1.0})
+    assert out["recall_positive"] == 0.75 and out["accuracy"] == 0.8
+    assert out["recall_benign_positive"] == 1.0 and out["recall_harmful_positive"] == 0.5
+    assert out["expected_harmful_positive"] == pytest.approx(((0.4 - 0.6) + (0.7 - 0.3)) / 2)
+    assert out["expected_harmful_negative"] == pytest.approx(-0.6)
+    assert "recall_benign_negative" not in out and "recall_harmful_rejective" not in out  # no pairs, no key
+    assert set(read_out(probs, gold)) == {"accuracy", "recall_negative", "recall_rejective", "recall_positive"}
+
+
 def test_the_training_split_shares_no_pair_or_focus_word_with_the_held_out_sets(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     from heldout import write_csv as _csv
