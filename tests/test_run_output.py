@@ -30,7 +30,8 @@ experts: {{safety_experts: 1, utility_experts: 1}}
 def test_closing_note_only_on_the_embedded_135m_model():
     note = closing_note(load_recipe(RECIPES / "smoke.yaml"))
     assert note is not None and len(note.splitlines()) <= 3 and max(map(len, note.splitlines())) <= 80
-    for text in ("machinery works", "SmolLM2-135M", "chance: 1/3", 'README "Does it work?"', "`make evidence`"):
+    for text in ("machinery works", "SmolLM2-135M", "held-out sets", "`lora-triplay eval RUN`", 'README "Does it work?"',
+                 "`make evidence`"):
         assert text in note, text
     assert closing_note(load_recipe(RECIPES / "tiny.yaml")) is None  # another base
     assert closing_note(load_recipe(RECIPES / "taboo.yaml")) is None  # another game: its numbers are not eval's
