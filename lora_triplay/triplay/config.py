@@ -325,7 +325,7 @@ class ExpertsConfig(_Strict):
     balance_classes: bool | Literal["kind"] = Field(
         False, description="eval's training batches draw each panel label equally often (a small eval otherwise learns the "
         "prior); `kind`: each (request kind, label) cell, so a refusal with guidance to a harmful request is not a minority "
-        "of `positive` beside benign help (measurement: recipes/cpu-evidence.yaml)")
+        "of `positive` beside benign help (at 135M it moved eval's prior, not its reading: recipes/cpu-evidence.yaml)")
     batch_fresh_share: float = Field(
         0.0, ge=0, le=1, description="with balance_classes: the share of each label's draws in eval's batches taken "
         "from the current iteration's labels, where it has any (0: uniformly from every label so far). Why: eval "
