@@ -165,8 +165,9 @@ def main() -> None:
             f"pos {c['gold']['recall_positive']:.2f}; held {c['heldout']['accuracy'] if c['heldout'] else '-'})"
             for n, c in checks.items()), flush=True)
         for n, c in checks.items():
-            cells = {k: v for part in ("heldout", "probe") if c.get(part) for k, v in c[part].items() if k.startswith("recall_harmful")}
-            print(f"  {n} harmful cells (held-out, then probe): {cells}", flush=True)
+            cells = {f"{part}:{k[len('recall_'):]}": v for part in ("heldout", "probe") if c.get(part)
+                     for k, v in c[part].items() if k.startswith("recall_harmful")}
+            print(f"  {n} harmful cells: {cells}", flush=True)
         out = Path(args.out) if args.out else work.parent / f"seed-{args.seed}.json"
         out.write_text(json.dumps(result, indent=1))
     # a soup: the mean of the orders' weights (one adapter), against the
