@@ -46,11 +46,12 @@ LABELS = ("negative", "rejective", "positive")
 
 
 def read_out(probs: list[list[float]], gold: list[str], kinds: list[str] | None = None,
-             values: dict[str, float] | None = None) -> dict:
+             values=None) -> dict:
     """Accuracy and each class's recall; with the pairs' kinds, each
     (kind, class) cell's recall too, and with blue's class values the mean
     expected reward eval's probabilities give each cell (what blue is paid
-    with soft labels)."""
+    with soft labels; `values(kind)` gives blue's class values for a kind,
+    rewards.blue_values)."""
     preds = [judged(p) for p in probs]
     out = {"accuracy": round(sum(p == g for p, g in zip(preds, gold)) / len(gold), 4)}
     for c in LABELS:
@@ -63,7 +64,8 @@ def read_out(probs: list[list[float]], gold: list[str], kinds: list[str] | None 
                 continue
             out[f"recall_{kind}_{c}"] = round(sum(p == c for p, _ in cell) / len(cell), 4)
             if values:
-                out[f"expected_{kind}_{c}"] = round(sum(sum(x * values[lab] for x, lab in zip(pr, LABELS)) for _, pr in cell) / len(cell), 4)
+                v = values(kind)
+                out[f"expected_{kind}_{c}"] = round(sum(sum(x * v[lab] for x, lab in zip(pr, LABELS)) for _, pr in cell) / len(cell), 4)
     return out
 
 
@@ -107,7 +109,7 @@ def main() -> None:
     gold_rows = load_gold_pairs(args.gold)
     gold = [r["label"] for r in gold_rows]
     probe_rows = load_gold_pairs(args.probe) if args.probe else []
-    values = full.rewards.blue_class_values
+    values = full.rewards.blue_values  # per kind: a benign refusal costs what the recipe says
     held = game.data.heldout_pairs()
     held_gold = [r["panel_label"] for r in held]
     tails = sorted({max(steps // 3, 1), max(steps // 2, 1)})
