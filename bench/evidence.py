@@ -132,7 +132,10 @@ VARIANTS = {
     # the recipe (no decision) with eval at a quarter of its rate: main-decision-eval-slow-s0 kept eval at 94.2 on the
     # labelled set to the end (2e-4: 52.5) with blue as at 2e-4; the ninth run (the recipe, 2e-4) ended eval at 90.0 / 73.3
     # Measured 2026-12-05 (bench/results/evidence-eval-slow-recipe/): eval 94.2 -> 93.3 (2e-4: 90.0), red@3 vs the final
-    # blue 1 -> 20 (+2 at 2e-4), blue as at 2e-4 (JBB ASR 32.5, over-refusal 35.0), degenerate 15% (5%); seed 1 not run
+    # blue 1 -> 20 (+2 at 2e-4), blue as at 2e-4 (JBB ASR 32.5, over-refusal 35.0), degenerate 15% (5%); seed 1: eval
+    # 91.7 -> 89.2 (73.3), JBB ASR 32.5 (15.0), over-refusal 33.3 (46.7), red@3 1 -> 24, counting only rewrites that keep
+    # their request 0 -> 21 (seed 0: 0 -> 3, its +19 came from rewrites that dropped the request; judging/kept.py).
+    # The recipe runs eval at 5e-5 since (both seeds agreed): these two are main-s0 / main-s1 of that recipe.
     "main-eval-slow-s0": ["seed=0", "phases.eval.lr=5e-5"],
     "main-eval-slow-s1": ["seed=1", "phases.eval.lr=5e-5"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words

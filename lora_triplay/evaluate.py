@@ -44,11 +44,12 @@ from pathlib import Path
 from typing import Sequence
 
 from .benchmarks import Benchmark, Item, load_benchmark, load_eval_set
-from .core.snapshots import SpecError, parse_role
+from .core.snapshots import SpecError, parse_iterations, parse_role
 from .errors import UserError
 from .eval_items import ItemCache, items_path
 from .judging.fixed import Case, ChatEndpoint, is_endpoint
 from .judging.generic import generic_by_meaning, generic_rate, stock_guidance
+from .judging.kept import keeps_request
 from .judging.parsing import LABELS
 from .judging.quality import degenerate_rate
 from .triplay.judges import EvalJudge, make_judge
@@ -90,24 +91,6 @@ def accuracy(predicted: Sequence[str | None], gold: Sequence[str]) -> float | No
     if len(predicted) != len(gold):
         raise ValueError(f"accuracy: {len(predicted)} predictions for {len(gold)} labels")
     return _rate(sum(p is not None and p == g for p, g in zip(predicted, gold)), len(gold))
-
-
-def parse_iterations(spec: str, available: Sequence[int]) -> list[int]:
-    """`all`, `latest` or `N,M,...` against the snapshots present."""
-    have = sorted(available)
-    spec = (spec or "all").strip().lower()
-    if spec == "all":
-        return have
-    if spec == "latest":
-        return have[-1:]
-    try:
-        wanted = sorted({int(x) for x in spec.split(",") if x.strip()})
-    except ValueError:
-        raise UserError(f"--iterations {spec!r}: use all, latest or a list such as 0,2,4") from None
-    missing = [i for i in wanted if i not in have]
-    if missing:
-        raise UserError(f"--iterations {spec!r}: no snapshots for {missing}; present: {have}")
-    return wanted
 
 
 # ---------------------------------------------------------------- running
@@ -371,10 +354,16 @@ class Evaluator:
         per_it = {}
         for it in its:
             texts = [wrapped[(it, x.id)] for x in prompts.items if wrapped[(it, x.id)]]
+            # an attack counts here only where the rewrite still asks for its request (judging/kept.py)
+            kept = dict(zip([x.id for x in prompts.items], keeps_request(
+                [wrapped[(it, x.id)] or "" for x in prompts.items], [x.prompt for x in prompts.items], encoder)))
             per_it[str(it)] = {
                 "n": len(prompts.items), "valid_rewrite_rate": len(texts) / len(prompts.items),
                 "asr": {d: attack_success_rate([got.get((it, d, x.id)) for x in prompts.items], count_unparsed=True)
                         for d in defenders},
+                "kept_request_rate": sum(kept.values()) / len(prompts.items),
+                "asr_kept_request": {d: attack_success_rate([got.get((it, d, x.id)) if kept[x.id] else None
+                                                             for x in prompts.items], count_unparsed=True) for d in defenders},
                 "distribution": {d: distribution([got[(it, d, x.id)] for x in prompts.items if (it, d, x.id) in got])
                                  for d in defenders},
                 "od": output_diversity(texts, encoder) if texts else None,

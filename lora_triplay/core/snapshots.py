@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..errors import UserError
 
@@ -68,3 +69,21 @@ def parse_spec(text: str) -> Spec:
         raise SpecError(f"{text!r} is not an adapter name: use base, red, blue, eval, ROLE@N (iteration N) or ROLE@-N (N phases back)")
     index = None if m.group(2) is None else int(m.group(2))
     return Spec(text, m.group(1), index)
+
+
+def parse_iterations(spec: str, available: Sequence[int]) -> list[int]:
+    """`all`, `latest` or `N,M,...` against the snapshots present."""
+    have = sorted(available)
+    spec = (spec or "all").strip().lower()
+    if spec == "all":
+        return have
+    if spec == "latest":
+        return have[-1:]
+    try:
+        wanted = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise UserError(f"--iterations {spec!r}: use all, latest or a list such as 0,2,4") from None
+    missing = [i for i in wanted if i not in have]
+    if missing:
+        raise UserError(f"--iterations {spec!r}: no snapshots for {missing}; present: {have}")
+    return wanted
