@@ -13,7 +13,9 @@
   prompt always with the same technique: technique i mod T); fixed defenders
   (`base`, `blue@N`, `openai:MODEL@URL`) answer; the fixed judge labels.
   ASR per defender = negatives / basic prompts (a rewrite that does not parse
-  is a failed attack); OD = `output_diversity` of the valid wrapped prompts.
+  is a failed attack); OD = `output_diversity` of the valid wrapped prompts;
+  beside them the share of rewrites that still ask for their request and
+  the ASR counting only those (judging/kept.py).
 * eval: accuracy of every selected eval snapshot on a labelled set (an
   answer that does not parse counts as wrong, as in eval's reward).
 

@@ -278,7 +278,7 @@ def test_eval_and_report_on_tiny_run(tiny_run, tmp_path):
         mine = [r for r in rows if r["role"] == "eval" and r["iteration"] == int(it)]
         assert m["n"] == len(mine) == 3
         assert m["accuracy"] == pytest.approx(sum(r["label"] == r["expected"] for r in mine) / 3)
-    assert res["judge"] == "rules" and res["limit"] == 4 and "blue  jbb" in output
+    assert res["judge"] == "rules" and res["limit"] == 4 and "blue  jbb" in output and "keeps its request" in output
     assert "over-refusal n/a (no benign prompts in jbb)" in output and "ASR n/a (no harmful prompts in xstest)" in output
     assert set(res["benchmarks"]) == {"jbb", "xstest"}
     for name, b in res["benchmarks"].items():

@@ -114,7 +114,8 @@ def summary_lines(result: dict) -> str:
             asr = "  ".join(f"ASR vs {d} {_pct(v)}" for d, v in m["asr"].items())
             od = "n/a (no valid rewrite)" if m["od"] is None else f"{m['od']:.3f}"
             degen = "" if m.get("degenerate_rate") is None else f"  degenerate {_pct(m['degenerate_rate'])}"
-            lines.append(f"red   {red['prompts']['name']:<20} it {it:>3}: {asr}  OD {od}  valid {_pct(m['valid_rewrite_rate'])}{degen}")
+            kept = "" if m.get("kept_request_rate") is None else f"  keeps its request {_pct(m['kept_request_rate'])}"
+            lines.append(f"red   {red['prompts']['name']:<20} it {it:>3}: {asr}  OD {od}  valid {_pct(m['valid_rewrite_rate'])}{kept}{degen}")
     acc = result.get("eval_accuracy")
     if acc:
         for it, m in acc["iterations"].items():
