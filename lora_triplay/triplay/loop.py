@@ -18,6 +18,7 @@ from ..engine.base import Completion, Request, Sampling
 from ..games.base import StepResult
 from ..judging.fixed import Case
 from ..judging.generic import generic_answers, generic_by_meaning, stock_guidance
+from ..judging.kept import keeps_request
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
 from ..judging.quality import degenerate
 from ..judging.refusals import refused
@@ -205,11 +206,14 @@ class Phases:
         judged = [(judged_prompt(self.judge_view, x.basic.prompt, x.wrapped), x.answers[d.name], "harmful")
                   for x in valid for d in defenders]
         sem_ok, sem_soft, bad_sem = [True] * len(valid), [True] * len(valid), 0
-        if rw.semantic:
+        if rw.semantic is True:
             (labels, soft, bad_cls), (sem_ok, sem_soft, bad_sem) = self.judge_and_semantic(
                 judged, [(x.basic.prompt, x.wrapped) for x in valid])
         else:
             labels, soft, bad_cls = self.judge(judged)
+        if rw.semantic == "meaning":  # the rewrite's nearest seed request is its own (judging/kept.py)
+            sem_ok = sem_soft = keeps_request([x.wrapped for x in valid], [x.basic.prompt for x in valid],
+                                              game.pool.embeddings.encoder, pool=[b.prompt for b in game.data.basic])
         for i, x in enumerate(valid):
             x.labels = {d.name: labels[i * len(defenders) + j] for j, d in enumerate(defenders)}
             x.soft = {d.name: soft[i * len(defenders) + j] for j, d in enumerate(defenders)}
