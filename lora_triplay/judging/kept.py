@@ -4,7 +4,7 @@ Red is paid when a defender complies with its rewrite, and a rewrite that
 drops the request ("The story of how a small, unassuming person can be a
 powerful example ...") gets a compliance for free: the rules judge reads
 any answer that does not refuse as `negative`. Eval's own semantic check
-(loop.py) answers "yes" to nearly every rewrite at 135M, so training cannot
+(loop.py) answered "yes" to every rewrite at 135M (both seeds, 24 red steps), so training cannot
 tell; `lora-triplay eval` reports red's ASR over the rewrites that keep
 their request beside the plain one.
 
