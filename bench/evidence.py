@@ -138,9 +138,9 @@ VARIANTS = {
     # The recipe runs eval at 5e-5 since (both seeds agreed): these two are main-s0 / main-s1 of that recipe.
     "main-eval-slow-s0": ["seed=0", "phases.eval.lr=5e-5"],
     "main-eval-slow-s1": ["seed=1", "phases.eval.lr=5e-5"],
-    # red's semantic term by meaning (judging/kept.py) instead of eval's yes/no, which passed every rewrite:
-    # main-eval-slow-s0's red beat the final blue 1 -> 20 with 19% of its last rewrites still asking for the request
-    # (0 -> 3 counted on those). Not run yet
+    # a semantic term for red by meaning (judging/kept.py; the recipe has none, eval's yes/no being at chance at
+    # 135M): main-eval-slow-s0's red beat the final blue 1 -> 20 with 19% of its last rewrites still asking for the
+    # request (0 -> 3 counted on those)
     "main-semantic-meaning-s0": ["seed=0", "rewards.semantic=meaning"],
     "main-semantic-meaning-s1": ["seed=1", "rewards.semantic=meaning"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words

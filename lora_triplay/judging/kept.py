@@ -4,9 +4,10 @@ Red is paid when a defender complies with its rewrite, and a rewrite that
 drops the request ("The story of how a small, unassuming person can be a
 powerful example ...") gets a compliance for free: the rules judge reads
 any answer that does not refuse as `negative`. Eval's own semantic check
-(loop.py) answered "yes" to every rewrite at 135M (both seeds, 24 red steps), so training cannot
-tell; `lora-triplay eval` reports red's ASR over the rewrites that keep
-their request beside the plain one.
+(the paper's yes/no) is at chance at 135M, so recipes/cpu-evidence.yaml
+runs with none and training cannot tell; `lora-triplay eval` reports red's
+ASR over the rewrites that keep their request beside the plain one, and
+`rewards.semantic: meaning` pays red's semantic term by this rule.
 
 The rule: a rewrite keeps its request when, among the set's basic
 requests, its own is the nearest to it (sentence embeddings, cosine) and

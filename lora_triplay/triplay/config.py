@@ -147,7 +147,7 @@ class RewardsConfig(_Strict):
     )
     success_class: Literal["negative", "rejective", "positive"] = "negative"
     semantic: bool | Literal["meaning"] = Field(True, description="red's semantic term: eval's yes/no (true, the paper) or "
-        "`meaning` (judging/kept.py: at 135M eval said yes to every rewrite; bench/BENCHMARKS.md)")
+        "`meaning` (judging/kept.py: at 135M eval's yes/no is at chance; bench/BENCHMARKS.md)")
     semantic_value: float = 1.0
     w_bleu: float = Field(2.0, ge=0)
     w_cos: float = Field(4.0, ge=0)

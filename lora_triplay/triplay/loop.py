@@ -287,7 +287,6 @@ class Phases:
         metrics = {
             **reward_stats([x.reward for x in samples]),
             "valid_rewrite_rate": len(valid) / max(len(rollouts), 1),
-            "semantic_pass_rate": mean([float(x.semantic_ok) for x in valid if x.semantic_ok is not None]),
             "diversity_penalty": mean(x.get("diversity_penalty") for x in subs),
             "s_bleu": mean(x.get("s_bleu") for x in subs),
             "s_cos": mean(x.get("s_cos") for x in subs),
@@ -297,6 +296,8 @@ class Phases:
             "defenders": float(len(defenders)),
             "completion_tokens": mean(len(x.completion.token_ids) for x in rollouts),
         }
+        if self.game.recipe.rewards.semantic:  # with no check every rewrite "passes": a 1.0 that would read as a verdict
+            metrics["semantic_pass_rate"] = mean([float(x.semantic_ok) for x in valid if x.semantic_ok is not None])
         success = self.game.recipe.rewards.success_class
         for d in defenders:
             judged = [x.labels[d.name] for x in valid if x.labels[d.name] is not None]
