@@ -140,7 +140,8 @@ VARIANTS = {
     "main-eval-slow-s1": ["seed=1", "phases.eval.lr=5e-5"],
     # a semantic term for red by meaning (judging/kept.py; the recipe has none, eval's yes/no being at chance at
     # 135M): main-eval-slow-s0's red beat the final blue 1 -> 20 with 19% of its last rewrites still asking for the
-    # request (0 -> 3 counted on those)
+    # request (0 -> 3 counted on those). Run 2026-12-05: red kept 99 / 94%, by stating the request plainly; blue JBB
+    # ASR 17.5 / 12.5 at over-refusal 36.7 / 43.3; red vs the final blue 1 -> 5 / 0 -> 9: not adopted (BENCHMARKS)
     "main-semantic-meaning-s0": ["seed=0", "rewards.semantic=meaning"],
     "main-semantic-meaning-s1": ["seed=1", "rewards.semantic=meaning"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
