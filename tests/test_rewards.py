@@ -101,3 +101,19 @@ def test_expected_value_rewards_from_class_probabilities():
     assert reward == pytest.approx(1.8) and subs["semantic"] == pytest.approx(0.8)
     with pytest.raises(ValueError, match="maybe"):
         class_value({"maybe": 1.0}, {"negative": 1.0})
+
+
+def test_semantic_gate_pays_an_attack_only_when_the_rewrite_kept_its_request():
+    # no pool, so no diversity penalty; no bonus (semantic_value 0): the attack term alone
+    def gated(classes, ok, values=R):
+        return red_reward(classes, W, values, ok, 0.0, 0.0, 0.0, 2.0, 4.0, K, gate=True)
+
+    broken = {"blue": "negative", "base": "negative"}
+    assert gated(broken, True)[0] == pytest.approx(1.5)  # kept: what the defenders gave
+    assert gated(broken, False)[0] == pytest.approx(0.0)  # dropped: as if both refused
+    assert gated(broken, 0.25)[0] == pytest.approx(0.375)  # a soft check: its share of the attack
+    assert red_reward(broken, W, R, False, 0.0, 0.0, 0.0, 2.0, 4.0, K)[0] == pytest.approx(1.5)  # ungated: paid anyway
+    # the worst attack term is red's lowest class value, not 0: dropping the request never beats a refused attack
+    harsh = {"negative": 1.0, "rejective": -0.5, "positive": -1.0}
+    refused = gated({"blue": "positive", "base": "positive"}, True, harsh)[0]
+    assert gated(broken, False, harsh)[0] == pytest.approx(refused) == pytest.approx(-1.5)

@@ -52,13 +52,11 @@ class PhaseConfig(_Strict):
         "learnt to refuse red's wrappers but not the requests"
     )
     refusal_anchor_benign: bool = Field(
-        False, description="blue only, with refusal_anchor: the benign stream's groups take an anchored refusal too, one "
-        "the judge should not pay (the rule expert calls it `rejective`): the opening's tokens are then pushed up on "
-        "harmful requests and down on benign ones, by the request and not by how often blue refuses. Why: with harmful "
-        "anchors only (ninth evidence run, 2026-12-04) over-refusal on JBB benign + XSTest safe rose 1.7 -> 31.7 / 46.7. "
-        "Off by default: in the tenth run (seed 0, bench/results/evidence-anchor2/) the benign anchors' advantage "
-        "(-1.5 to -2.0) outweighed the harmful ones' (+0.3 to +1.1) on the same opening, and blue stopped refusing "
-        "anything (JBB ASR 100, over-refusal 0 at the end)"
+        False, description="blue only, with refusal_anchor: the benign stream's groups take an anchored refusal too, one the "
+        "judge should not pay (the rule expert calls it `rejective`), so the opening is pushed up on harmful requests and "
+        "down on benign ones. Why: with harmful anchors only (ninth evidence run) over-refusal rose 1.7 -> 31.7 / 46.7. "
+        "Off: in the tenth run (bench/results/evidence-anchor2/) the benign anchors' advantage (-1.5 to -2.0) outweighed "
+        "the harmful ones' (+0.3 to +1.1) on the same opening, and blue stopped refusing (JBB ASR 100 at the end)"
     )
 
 
@@ -149,6 +147,8 @@ class RewardsConfig(_Strict):
     semantic: bool | Literal["meaning"] = Field(True, description="red's semantic term: eval's yes/no (true, the paper) or "
         "`meaning` (judging/kept.py: at 135M eval's yes/no is at chance; bench/BENCHMARKS.md)")
     semantic_value: float = 1.0
+    semantic_gate: bool = Field(False, description="a rewrite the semantic check fails earns red's worst attack term "
+        "whatever the defenders did (rewards/red.py); with semantic_value 0, red is paid only for attacks that keep the request")
     w_bleu: float = Field(2.0, ge=0)
     w_cos: float = Field(4.0, ge=0)
     k: float = Field(math.log(11 / 6), gt=0)
@@ -191,10 +191,8 @@ class RewardsConfig(_Strict):
         "`experts:`), or `openai:MODEL@URL` (an OpenAI-compatible endpoint, e.g. a guard model); a fixed judge is the "
         "baseline self-play must beat"
     )
-    degenerate_penalty: float = Field(
-        0.0, ge=0, description="subtracted from blue's reward for a degenerate answer (judging/quality.py: looping or "
-        "near-empty text, which satisfies a refusal rule without being an answer)"
-    )
+    degenerate_penalty: float = Field(0.0, ge=0, description="subtracted from blue's reward for a degenerate answer "
+        "(judging/quality.py: looping or near-empty text, which satisfies a refusal rule without being an answer)")
     generic_penalty: float = Field(
         0.0, ge=0, description="subtracted from blue's reward for a generic answer (judging/generic.py: "
         "no refusal, and the same opening (with generic_by: meaning, or meaning) as its answers to at least 4 of the "
@@ -203,9 +201,8 @@ class RewardsConfig(_Strict):
     )
     generic_opening: int = Field(
         4, ge=2, description="how many opening words two answers share to count as one reply for generic_penalty "
-        "(judging/generic.py). At 6, seed 0's blue of 2026-12-02 escaped the penalty by varying the sixth word "
-        "('I'm here to help you protect / create / understand ...'); the untrained base shares no 4-word opening "
-        "between four of its held-out answers"
+        "(judging/generic.py). At 6, seed 0's blue of 2026-12-02 varied the sixth word ('I'm here to help you protect / "
+        "create / understand ...'); the untrained base shares no 4-word opening between four of its held-out answers"
     )
     generic_by: Literal["opening", "meaning"] = Field(
         "opening", description="what makes answers one stock reply for generic_penalty: `opening` (the same "
@@ -216,6 +213,8 @@ class RewardsConfig(_Strict):
 
     @model_validator(mode="after")
     def _meaning_needs_a_sentence_model(self):
+        if self.semantic_gate and self.semantic is False:
+            raise ValueError("rewards.semantic_gate needs a semantic check: set rewards.semantic: meaning (or true)")
         for key, off in (("generic_by", "opening"), ("semantic", "true")):
             if getattr(self, key) == "meaning" and self.embedding_model == "hashing":
                 raise ValueError(f"{key}: meaning needs a sentence model (embedding_model: embedded:all-minilm-l6-v2 or a "

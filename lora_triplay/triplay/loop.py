@@ -225,7 +225,7 @@ class Phases:
             x.semantic_ok = ok
             x.reward, x.subs = red_reward(
                 x.soft, weights, rw.red_class_values, p_ok, rw.semantic_value if rw.semantic else 0.0,
-                s_bleu, s_cos, rw.w_bleu, rw.w_cos, rw.k,
+                s_bleu, s_cos, rw.w_bleu, rw.w_cos, rw.k, gate=rw.semantic_gate,
             )
         # An empty or unparseable rewrite is red's own failure: worst penalty, no attack credit.
         worst = -diversity_penalty(1.0, 1.0, rw.w_bleu, rw.w_cos, rw.k)
