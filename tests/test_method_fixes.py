@@ -59,6 +59,11 @@ class Scripted:
         return out
 
 
+def _mark_every_other_request_secret(game) -> None:
+    """Scripted's semantic judge says no where the request holds "secret": half the seed requests then fail it."""
+    game.data.basic = [b.__class__(b.id, b.category, b.prompt + (" secret" if i % 2 else "")) for i, b in enumerate(game.data.basic)]
+
+
 def _session(engine, **recipe):
     base = {"grpo": {"prompts_per_step": 4, "group_size": 2}, "rewards": {"judge_mode": "generate", "judge_retries": 0},
             "experts": {"safety_experts": 1, "utility_experts": 1, "min_votes": 1}}
@@ -76,7 +81,7 @@ def _session(engine, **recipe):
 
 def test_only_attacks_that_kept_their_goal_enter_the_pool():
     s, phases = _session(Scripted())
-    s.data.basic = [b.__class__(b.id, b.category, b.prompt + (" secret" if i % 2 else "")) for i, b in enumerate(s.data.basic)]
+    _mark_every_other_request_secret(s)
     result = phases.red_step(1, 1)
     assert result.metrics["asr_blue"] == 1.0  # every attack "worked"...
     assert result.rows['asp'] and all("secret" not in row["basic"] for row in result.rows['asp'])  # ...half dropped their goal
@@ -135,7 +140,7 @@ def test_no_semantic_check_logs_no_pass_rate():
     s, phases = _session(Scripted(), rewards={"semantic": False})
     assert "semantic_pass_rate" not in phases.red_step(1, 1).metrics
     s, phases = _session(Scripted())  # the paper's check, eval's yes/no: "no" where the request holds "secret"
-    s.data.basic = [b.__class__(b.id, b.category, b.prompt + (" secret" if i % 2 else "")) for i, b in enumerate(s.data.basic)]
+    _mark_every_other_request_secret(s)
     assert 0.0 < phases.red_step(1, 1).metrics["semantic_pass_rate"] < 1.0
 
 
