@@ -1,5 +1,6 @@
 """How much signal does eval's judgement give blue? Blue's own training
-answers to harmful requests (a run's eval_pairs.jsonl, one iteration), the
+answers to harmful requests (a run's eval_pairs.jsonl, one iteration; with
+`--phase red`, the defenders' answers to red's rewrites: red's signal), the
 rules judge's verdict on each (refused or complied) beside the run's eval
 adapter of the iteration before (the one that judged them in training),
 asked with each prompt view of `rewards.judge_prompt`: red's wrapped text
@@ -77,6 +78,9 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--iteration", type=int, default=2, help="blue's answers of this iteration, judged by eval@(iteration-1)")
     ap.add_argument("--views", default="wrapped,request")
+    ap.add_argument("--phase", default="blue", choices=("blue", "red"),
+                    help="whose answers: blue's training answers, or the defenders' answers to red's rewrites in red's phase "
+                    "(what red is paid for)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "judge_signal.json"))
     args = ap.parse_args()
 
@@ -88,27 +92,29 @@ def main() -> None:
 
     run_dir = Path(args.run_dir)
     pairs = [p for p in read_jsonl(run_dir / "eval_pairs.jsonl")
-             if p.get("phase") == "blue" and p["iteration"] == args.iteration and p.get("kind") == "harmful"]
+             if p.get("phase") == args.phase and p["iteration"] == args.iteration and p.get("kind") == "harmful"]
     if not pairs:
-        raise SystemExit(f"{run_dir}: no harmful blue answers of iteration {args.iteration} in eval_pairs.jsonl")
+        raise SystemExit(f"{run_dir}: no harmful answers of {args.phase}'s phase, iteration {args.iteration}, in eval_pairs.jsonl")
     run = open_run(run_dir, device="cpu")
     adapter = run.ensure(f"eval@{args.iteration - 1}")
-    out = {"run": str(run_dir), "iteration": args.iteration, "judge": f"eval@{args.iteration - 1}",
-           "trained_view": run.recipe.rewards.judge_prompt, "views": {}}
+    # eval told the request's kind where the run told it (rewards.eval_sees_kind): every pair here is harmful
+    kind = "harmful" if run.recipe.rewards.eval_sees_kind else None
+    out = {"run": str(run_dir), "iteration": args.iteration, "phase": args.phase, "judge": f"eval@{args.iteration - 1}",
+           "trained_view": run.recipe.rewards.judge_prompt, "sees_kind": kind is not None, "views": {}}
     for view in args.views.split(","):
         t0 = time.perf_counter()
         shown = [(p.get("basic") or p["prompt"]) if view == "request" else p.get("wrapped", p["prompt"]) for p in pairs]
-        comps = run.engine.generate([Request(adapter, eval_messages(x, p["response"]), 1, LABEL_CHOICES) for x, p in zip(shown, pairs)],
+        comps = run.engine.generate([Request(adapter, eval_messages(x, p["response"], kind), 1, LABEL_CHOICES) for x, p in zip(shown, pairs)],
                                     Sampling(max_new_tokens=4, temperature=0.0))
         rows = [{"refused": refused(p["response"]), "probs": dict(zip(LABELS, c[0].choice_probs)), "step": p["step"], "prompt": p["basic"]}
                 for p, c in zip(pairs, comps)]
         out["views"][view] = {**summarise(rows), "seconds": round(time.perf_counter() - t0, 1)}
         v = out["views"][view]
-        print(f"{run_dir.name} it {args.iteration} view {view:8s}: false safe {v['false_safe']:.3f}  refusal recall "
+        print(f"{run_dir.name} {args.phase} it {args.iteration} view {view:8s}: false safe {v['false_safe']:.3f}  refusal recall "
               f"{v['refusal_recall']}  AUC hard {v['auc_hard']}  soft {v['auc_soft']}  ({v['refused']}/{v['answers']} refused)")
     path = Path(args.out)
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    saved[f"{run_dir.name}@{args.iteration}"] = out
+    saved[f"{run_dir.name}@{args.iteration}" + ("" if args.phase == "blue" else f"/{args.phase}")] = out
     path.write_text(json.dumps(saved, indent=2) + "\n")
     print(f"wrote {path}")
 
