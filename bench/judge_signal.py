@@ -81,6 +81,9 @@ def main() -> None:
     ap.add_argument("--phase", default="blue", choices=("blue", "red"),
                     help="whose answers: blue's training answers, or the defenders' answers to red's rewrites in red's phase "
                     "(what red is paid for)")
+    ap.add_argument("--judge", default=None, help="the eval snapshot that judges (default eval@(iteration-1)); in "
+                    "iteration 1 after an eval warm start, eval@0 is the untrained eval and the warm-started one is not "
+                    "kept: name eval@1 (the warm start and one eval phase) as its nearest")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "judge_signal.json"))
     args = ap.parse_args()
 
@@ -96,10 +99,14 @@ def main() -> None:
     if not pairs:
         raise SystemExit(f"{run_dir}: no harmful answers of {args.phase}'s phase, iteration {args.iteration}, in eval_pairs.jsonl")
     run = open_run(run_dir, device="cpu")
-    adapter = run.ensure(f"eval@{args.iteration - 1}")
+    judge = args.judge or f"eval@{args.iteration - 1}"
+    if judge == "eval@0" and run.recipe.phases.eval_warmup.steps:
+        raise SystemExit(f"{run_dir.name}: eval@0 is the untrained eval, not the warm-started one that judged iteration 1 "
+                         "(not kept); pass --judge eval@1, the warm start plus one eval phase, as its nearest")
+    adapter = run.ensure(judge)
     # eval told the request's kind where the run told it (rewards.eval_sees_kind): every pair here is harmful
     kind = "harmful" if run.recipe.rewards.eval_sees_kind else None
-    out = {"run": str(run_dir), "iteration": args.iteration, "phase": args.phase, "judge": f"eval@{args.iteration - 1}",
+    out = {"run": str(run_dir), "iteration": args.iteration, "phase": args.phase, "judge": judge,
            "trained_view": run.recipe.rewards.judge_prompt, "sees_kind": kind is not None, "views": {}}
     for view in args.views.split(","):
         t0 = time.perf_counter()

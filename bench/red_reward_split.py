@@ -8,8 +8,10 @@ Each red step's rewrites and eval's labels of the defenders' answers are in
 RUN/eval_pairs.jsonl (phase `red`), the attack success pool with the step
 each entry joined in RUN/asp.jsonl. Per rewrite: kept or dropped
 (judging/kept.py against the run's seed requests), the attack term from
-eval's hard labels (the run paid the expected value under eval's
-probabilities, so this is close, not equal), the diversity penalty against
+eval's hard labels (the only ones the run keeps; it paid the expected
+value under eval's probabilities, which tell a refusal from a compliance
+better than the labels do, bench/judge_signal.py --phase red: read the
+kept / dropped gaps, not the levels), the diversity penalty against
 the pool as it stood before the step, and the reward red's semantic term
 would give under three settings: none (the recipe), a bonus of 1 for a kept
 rewrite (`semantic: meaning`), and the gate (`semantic_gate`, no bonus).
