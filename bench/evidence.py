@@ -146,8 +146,8 @@ VARIANTS = {
     "main-semantic-meaning-s1": ["seed=1", "rewards.semantic=meaning"],
     # the check by meaning as a gate, no bonus (rewards/red.py): a rewrite that drops its request earns a refused
     # attack's reward, one that restates it plainly earns only what the defenders give it. Run 2026-12-05 (seed 0,
-    # BENCHMARKS "Red's semantic check as a gate"): red kept 73%, mostly as near copies; blue JBB ASR 5.0 at
-    # over-refusal 45.0; red vs the final blue 0 -> 2: not adopted
+    # BENCHMARKS "Red's semantic check as a gate"): red kept 73 / 94% (seeds 0 / 1), mostly as near copies; blue JBB
+    # ASR 5.0 / 12.5 at over-refusal 45.0 / 41.7; red vs the final blue 0 -> 2 / 0 -> 5: not adopted
     "main-semantic-gate-s0": ["seed=0", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
     "main-semantic-gate-s1": ["seed=1", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
