@@ -36,8 +36,8 @@ from results_io import save_results  # noqa: E402
 
 from lora_triplay.judging.kept import keeps_request  # noqa: E402
 from lora_triplay.recipe import load_recipe  # noqa: E402
-from lora_triplay.triplay.rewards import load_sentence_encoder  # noqa: E402
-from lora_triplay.triplay.rewards.diversity import AttackSuccessPool, diversity_penalty  # noqa: E402
+from lora_triplay.triplay.rewards import load_sentence_encoder, red_reward  # noqa: E402
+from lora_triplay.triplay.rewards.diversity import AttackSuccessPool  # noqa: E402
 from lora_triplay.triplay.roles import load_basic_prompts  # noqa: E402
 from lora_triplay.triplay.rundata import _file  # noqa: E402
 
@@ -69,12 +69,17 @@ def split_run(run: Path, encoder) -> dict:
         here = [i for i, k in enumerate(rewrites) if k[:2] == step]
         for i, (s_bleu, s_cos) in zip(here, pool.score([rewrites[i][3] for i in here])):
             got = labels[rewrites[i]]
-            attack = sum(weights.get(d, 1.0) * rw.red_class_values.get(c, 0.0) for d, c in got.items() if c)
-            worst = sum(weights.get(d, 1.0) for d in got) * min(rw.red_class_values.values())
-            penalty = diversity_penalty(s_bleu, s_cos, rw.w_bleu, rw.w_cos, rw.k)
+
+            def paid(semantic_value: float, gate: bool) -> tuple[float | None, dict]:  # the trainer's own reward function
+                return red_reward(got, {d: weights.get(d, 1.0) for d in got}, rw.red_class_values, kept[i], semantic_value,
+                                  s_bleu, s_cos, rw.w_bleu, rw.w_cos, rw.k, gate=gate)
+
+            none, subs = paid(0.0, False)
+            if none is None:  # no defender's label parsed: the run dropped it too
+                continue
             rows[step[0]]["kept" if kept[i] else "dropped"].append(
-                {"attack": attack, "penalty": penalty, "s_cos": s_cos, "none": attack - penalty,
-                 "bonus": attack + (1.0 if kept[i] else 0.0) - penalty, "gate": (attack if kept[i] else worst) - penalty})
+                {"attack": subs["attack"], "penalty": subs["diversity_penalty"], "s_cos": s_cos, "none": none,
+                 "bonus": paid(1.0, False)[0], "gate": paid(0.0, True)[0]})
     out = {}
     for it, by in sorted(rows.items()):
         out[str(it)] = {key: {"n": len(xs), **{f: mean(x[f] for x in xs) for f in ("attack", "penalty", "s_cos", "none", "bonus", "gate")}}

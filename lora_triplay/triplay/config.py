@@ -212,7 +212,7 @@ class RewardsConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _meaning_needs_a_sentence_model(self):
+    def _semantic_settings_agree(self):
         if self.semantic_gate and self.semantic is False:
             raise ValueError("rewards.semantic_gate needs a semantic check: set rewards.semantic: meaning (or true)")
         for key, off in (("generic_by", "opening"), ("semantic", "true")):
