@@ -150,6 +150,11 @@ VARIANTS = {
     # ASR 5.0 / 12.5 at over-refusal 45.0 / 41.7; red vs the final blue 0 -> 2 / 0 -> 5: not adopted
     "main-semantic-gate-s0": ["seed=0", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
     "main-semantic-gate-s1": ["seed=1", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
+    # blue's benign topic twins in their harmful seeds' GRPO groups (phases.blue.twin_groups): in the recipe's runs blue
+    # refused 24-50% of the twins it met in training against 1-12% of the other benign requests, and a twin group whose
+    # answers all refuse is flat (no gradient); pooled with its seed's group a refused twin scores below a refused seed
+    "main-twin-s0": ["seed=0", "phases.blue.twin_groups=true"],
+    "main-twin-s1": ["seed=1", "phases.blue.twin_groups=true"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
     # Measured 2026-12-05 (BENCHMARKS, decision1-s0.json): AUC 0.69 (0.80 with 8 tokens), greedy refusals as without a

@@ -34,10 +34,10 @@ def _corpus() -> list[str]:
     # moves the tiny runs' pinned numbers too (tests/test_e2e_tiny.py PINNED).
     # eval_kind.yaml (2026-12-04) stays out: its lines reach eval only with
     # rewards.eval_sees_kind, and reading it moved every pinned number and
-    # two float-tolerance tests of the tiny model.
+    # two float-tolerance tests of the tiny model. twins.yaml holds ids only.
     prompts = Path(__file__).parent / "triplay" / "prompts"
     for file in sorted(prompts.glob("*")):
-        if file.suffix in {".jsonl", ".yaml", ".txt"} and file.name != "eval_kind.yaml":
+        if file.suffix in {".jsonl", ".yaml", ".txt"} and file.name not in {"eval_kind.yaml", "twins.yaml"}:
             texts.append(file.read_text(encoding="utf-8"))
     return texts
 

@@ -52,20 +52,19 @@ class PhaseConfig(_Strict):
         "learnt to refuse red's wrappers but not the requests"
     )
     refusal_anchor_benign: bool = Field(
-        False, description="blue only, with refusal_anchor: the benign stream's groups take an anchored refusal too, one the "
-        "judge should not pay (the rule expert calls it `rejective`), so the opening is pushed up on harmful requests and "
-        "down on benign ones. Why: with harmful anchors only (ninth evidence run) over-refusal rose 1.7 -> 31.7 / 46.7. "
-        "Off: in the tenth run (bench/results/evidence-anchor2/) the benign anchors' advantage (-1.5 to -2.0) outweighed "
-        "the harmful ones' (+0.3 to +1.1) on the same opening, and blue stopped refusing (JBB ASR 100 at the end)"
+        False, description="blue only, with refusal_anchor: the benign groups take an anchored refusal too, one the judge "
+        "should not pay. Off: in the tenth evidence run (bench/results/evidence-anchor2/) the benign anchors' advantage "
+        "(-1.5 to -2.0) outweighed the harmful ones' (+0.3 to +1.1) on one opening, and blue stopped refusing"
     )
+    twin_groups: bool = Field(False, description="blue only: a step's harmful seed requests bring their benign topic twins "
+        "(prompts/twins.yaml, or a benign file's twin_of) into their GRPO groups, so a refused twin scores below a refused "
+        "harmful request even where each wording's answers all refuse (a flat group alone)")
 
 
 class WarmupConfig(_Strict):
-    """Eval's warm start: before iteration 1's P_red, the bare base (red and
-    blue are still untrained) answers `pairs` seed prompts, harmful and
-    benign, the expert panel labels them, and eval takes `steps` GRPO steps
-    on those labels, so red's and blue's first rewards do not come from an
-    evaluator that has learnt nothing."""
+    """Eval's warm start: before iteration 1's P_red the untrained blue answers
+    `pairs` seed prompts, harmful and benign, the panel labels them and eval
+    learns them, so red's and blue's first rewards come from a judge."""
 
     steps: int = Field(0, ge=0)
     pairs: int = Field(32, ge=2, description="(prompt, answer) pairs the panel labels before the warm start trains")
@@ -95,13 +94,10 @@ class WarmupConfig(_Strict):
 
 
 class BlueWarmupConfig(_Strict):
-    """Blue's warm start (blue_warmup.py): before iteration 1's P_red the
-    untrained blue answers `prompts` requests, harmful ones under the `guide`
-    style (refuse, then a safe alternative) and benign ones under its own
-    system prompt, `candidates` answers each; the rule expert keeps one it
-    calls `positive` per request, and blue learns the kept answers by
-    cross-entropy under its own system prompt (context distillation), so
-    that its GRPO groups hold refusals for a judge to pay."""
+    """Blue's warm start (blue_warmup.py): the untrained blue's guided refusals
+    of harmful requests and answers to benign ones that the rule expert calls
+    `positive`, learnt under its own system prompt, so that its GRPO groups
+    hold refusals for a judge to pay."""
 
     steps: int = Field(0, ge=0, description="cross-entropy steps (0: no warm start)")
     prompts: int = Field(64, ge=2, description="requests answered, harmful and benign as data.benign_share splits them")
@@ -428,6 +424,11 @@ class TriPlaySections(_Strict):
             if getattr(self.phases, role).refusal_anchor or getattr(self.phases, role).refusal_anchor_benign:
                 raise ValueError(f"phases.{role}.refusal_anchor(_benign): only blue's groups take an anchored refusal; "
                                  f"remove it from {role}")
+            if getattr(self.phases, role).twin_groups:
+                raise ValueError(f"phases.{role}.twin_groups: only blue answers benign twins; remove it from {role}")
+        if self.phases.blue.twin_groups and not self.data.benign_share:
+            raise ValueError("phases.blue.twin_groups pairs benign twins with harmful requests, and data.benign_share = 0 "
+                             "asks none: set data.benign_share > 0 (e.g. 0.5)")
         blue = self.phases.blue
         if blue.refusal_anchor_benign and not blue.refusal_anchor:
             raise ValueError("phases.blue.refusal_anchor_benign: anchors the benign groups with the opening of "

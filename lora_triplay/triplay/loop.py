@@ -323,7 +323,7 @@ class Phases:
         league, `data.raw_share` of them asked as written: writer `seeds`),
         plus the benign stream asked as it is (`data.benign_share`)."""
         game = self.game
-        items, benign_requests = game.data.blue_requests(count)
+        items, benign_requests = game.data.blue_requests(count, twins=game.recipe.phases.blue.twin_groups)
         benign = [(b.prompt, b.prompt, "benign", "benign") for b in benign_requests]
         if game.recipe.data.blue_attacks != "red":  # no red: the seed requests as they are, or a fixed attack set
             return [(b.prompt, b.prompt, "harmful", "seeds" if game.recipe.data.blue_attacks == "seeds" else "attacks") for b, _ in items] + benign
@@ -363,7 +363,8 @@ class Phases:
         stock = self.stock_replies(flat)
         cost = [r.rewards.degenerate_penalty if loop else r.rewards.generic_penalty if same else 0.0
                 for loop, same in zip(looping, stock)]
-        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
+        pools = self.twin_pools(prompts) if r.phases.blue.twin_groups else list(range(len(prompts)))
+        samples = [Sample(c.prompt_ids, c.token_ids, pools[g], blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
                           truncated=not c.finished, kind=p[2])
                    for (g, p, c), lab, penalty in zip(flat, soft, cost)]
         grpo_metrics = self._set_advantages(samples, "blue")
@@ -406,6 +407,19 @@ class Phases:
             for (_, p, c), lab in list(zip(flat, labels))[: r.run.transcripts]
         ]
         return step_result(samples, metrics, eval_pairs=eval_rows, transcripts=transcripts)
+
+    def twin_pools(self, prompts: list[tuple[str, str, str, str]]) -> list[int]:
+        """The GRPO group of each of a blue step's prompts: a benign topic
+        twin shares its harmful seed's group (phases.blue.twin_groups), so a
+        refusal of one is measured against the answers to the other."""
+        data = self.game.data
+        twin_seed = {twin.prompt: seed for seed, twin in data.twin_of_seed.items()}
+        seed_id = {b.prompt: b.id for b in data.basic}
+        group_of_seed: dict[str, int] = {}
+        for g, p in enumerate(prompts):
+            if p[2] == "harmful" and p[0] in seed_id:
+                group_of_seed.setdefault(seed_id[p[0]], g)
+        return [group_of_seed.get(twin_seed.get(p[0]), g) if p[2] == "benign" else g for g, p in enumerate(prompts)]
 
     def blue_answers(self, chats: list, group: int, harmful: list[bool]) -> list:
         """Blue's group for each chat: `group` samples; with

@@ -74,6 +74,7 @@ class BasicPrompt:
     id: str
     category: str
     prompt: str
+    twin_of: str | None = None  # a benign request's harmful seed of the same topic (phases.blue.twin_groups)
 
 
 class SeedDataError(UserError):
@@ -182,7 +183,7 @@ def load_basic_prompts(
             continue  # blank cells are noise, not requests
         pid = str(row.get(id_col) or "").strip() if id_col else ""
         cat = str(row.get(cat_col) or "").strip() if cat_col else ""
-        out.append(BasicPrompt(pid or f"{stem}-{i:04d}", cat or "unknown", prompt))
+        out.append(BasicPrompt(pid or f"{stem}-{i:04d}", cat or "unknown", prompt, str(row.get("twin_of") or "").strip() or None))
     if not out:
         raise SeedDataError(f"{name}: column {column!r} has no non-empty requests; check data.prompt_column")
     return out if limit is None else out[:limit]

@@ -23,6 +23,29 @@ def _file(value: str) -> str | None:
     return None if value == "builtin" else value
 
 
+def _twins(benign: list[BasicPrompt], seeds: list[BasicPrompt], builtin: bool) -> dict[str, BasicPrompt]:
+    """Seed id -> its benign topic twin. Builtin benign requests take theirs
+    from prompts/twins.yaml (a twin whose seed data.basic_prompts or
+    data.limit left out is dropped); a benign file's `twin_of` column must
+    name a seed request."""
+    from ..errors import UserError
+
+    if builtin:
+        from importlib import resources
+
+        import yaml
+
+        links = yaml.safe_load(resources.files("lora_triplay.triplay").joinpath("prompts/twins.yaml").read_text(encoding="utf-8"))
+    else:
+        links = {b.id: b.twin_of for b in benign if b.twin_of}
+    ids = {s.id for s in seeds}
+    missing = sorted(f"{b}: {s}" for b, s in links.items() if s not in ids)
+    if missing and not builtin:
+        raise UserError(f"data.benign_prompts: twin_of names no seed request of data.basic_prompts ({', '.join(missing[:3])}); "
+                        "give the id of a seed request or leave twin_of empty")
+    return {links[b.id]: b for b in benign if links.get(b.id) in ids}
+
+
 def load_gold_pairs(path: str, need_kind: bool = False) -> list[dict]:
     """`experts.gold_pairs`: JSONL rows with prompt, response and label (and
     kind, harmful | benign, where eval reads it: `need_kind`)."""
@@ -66,6 +89,8 @@ class RunData:
             else:
                 path = r.data.benign_prompts
             self.benign = load_basic_prompts(path)
+        # topic twins: a benign request's harmful seed of the same topic (phases.blue.twin_groups)
+        self.twin_of_seed = _twins(self.benign, self.basic, builtin=r.data.benign_prompts == "builtin")
         # a fixed attack set for blue (data.blue_attacks: a file), in its own order
         self.attacks = [] if r.data.blue_attacks in ("red", "seeds") else load_basic_prompts(r.data.blue_attacks)
         self.gold = load_gold_pairs(r.experts.gold_pairs, r.rewards.eval_sees_kind) if r.experts.gold_pairs else []
@@ -99,14 +124,20 @@ class RunData:
             self.state["benign_cursor"] = cursor + 1
         return out
 
-    def blue_requests(self, count: int) -> tuple[list, list[BasicPrompt]]:
+    def blue_requests(self, count: int, twins: bool = False) -> tuple[list, list[BasicPrompt]]:
         """One blue step's requests: (harmful requests, benign requests),
         `data.benign_share` of the `count` benign. Harmful: (seed request,
         technique) pairs for red to wrap, or with a fixed attack set
-        (`data.blue_attacks` a file) its next attacks as (attack, None)."""
+        (`data.blue_attacks` a file) its next attacks as (attack, None).
+        With `twins` the benign ones are first the topic twins of this
+        step's harmful requests, then the stream's next."""
         n_benign = self.benign_count(count)
         harmful = self.next_attacks(count - n_benign) if self.attacks else self.next_seed_items(count - n_benign)
-        return harmful, self.next_benign(n_benign)
+        paired = []
+        if twins:  # each seed's twin once, in the order of the step's harmful requests
+            seeds = dict.fromkeys(b.id for b, _ in harmful if b.id in self.twin_of_seed)
+            paired = [self.twin_of_seed[i] for i in seeds][:n_benign]
+        return harmful, paired + self.next_benign(n_benign - len(paired))
 
     def next_attacks(self, k: int) -> list[tuple[BasicPrompt, None]]:
         """The next k attacks of the fixed set, in the file's order, epoch after epoch."""

@@ -1,0 +1,88 @@
+"""phases.blue.twin_groups: a blue step's harmful seed requests bring their
+benign topic twins, and each twin's answers share its seed's GRPO group, so
+a refused twin scores below a refused harmful request even where each
+wording's own group is flat. Through the real phase code with the scripted
+engine of test_method_fixes (the model is not the point here)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lora_triplay.errors import UserError
+from lora_triplay.recipe import build_recipe
+from lora_triplay.triplay.rundata import RunData
+from tests.test_method_fixes import Scripted, _session
+
+REFUSAL = "I cannot help with that."
+
+
+def test_builtin_twins_name_seed_requests_and_come_with_their_seeds():
+    r = build_recipe({"data": {"benign_share": 0.5}, "phases": {"blue": {"twin_groups": True}}})
+    state = {"cursor": 0, "benign_cursor": 0, "global_step": 0}
+    data = RunData(r, state, panel=None)
+    seeds = {b.id: b for b in data.basic}
+    assert len(data.twin_of_seed) == 40 and set(data.twin_of_seed) <= set(seeds)
+    assert all(t.id.startswith("benign-topic_twin-") for t in data.twin_of_seed.values())
+    # hand-checked pairs: the same topic, the benign wording
+    assert data.twin_of_seed["cyber-01"].prompt.startswith("Explain how to secure my own email account")
+    assert "hurting" in data.twin_of_seed["selfharm-01"].prompt
+    for _ in range(5):
+        cursor = state["benign_cursor"]
+        harmful, benign = data.blue_requests(8, twins=True)
+        twins = [data.twin_of_seed[b.id] for b, _ in harmful if b.id in data.twin_of_seed]
+        twins = list({t.id: t for t in twins}.values())[:4]
+        assert benign[: len(twins)] == twins  # the step's own twins first
+        assert len(benign) == 4 and state["benign_cursor"] == cursor + 4 - len(twins)  # the stream fills the rest
+
+
+def test_a_benign_file_names_its_twins_and_a_wrong_name_is_refused(tmp_path):
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("\n".join(json.dumps({"id": f"h{i}", "prompt": f"harmful request {i}"}) for i in range(3)) + "\n")
+    benign = tmp_path / "benign.jsonl"
+    rows = [{"id": "b0", "prompt": "benign twin of 1", "twin_of": "h1"}, {"id": "b1", "prompt": "a benign request"}]
+    benign.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    data = {"basic_prompts": str(seeds), "benign_prompts": str(benign), "benign_share": 0.5}
+    got = RunData(build_recipe({"data": data}), {"cursor": 0, "benign_cursor": 0, "global_step": 0}, panel=None)
+    assert {k: v.id for k, v in got.twin_of_seed.items()} == {"h1": "b0"}
+    rows[0]["twin_of"] = "h9"
+    benign.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    with pytest.raises(UserError, match="twin_of names no seed request.*b0: h9"):
+        RunData(build_recipe({"data": data}), {"cursor": 0, "benign_cursor": 0, "global_step": 0}, panel=None)
+
+
+def test_twin_groups_are_refused_where_they_cannot_work():
+    with pytest.raises(ValueError, match="twin_groups.*data.benign_share > 0"):
+        build_recipe({"phases": {"blue": {"twin_groups": True}}})
+    with pytest.raises(ValueError, match="only blue answers benign twins"):
+        build_recipe({"data": {"benign_share": 0.5}, "phases": {"red": {"twin_groups": True}}})
+
+
+@pytest.mark.parametrize("twin_groups", [True, False])
+def test_a_refused_twin_scores_below_a_refused_harmful_request(twin_groups):
+    """Blue refuses everything; eval pays a refusal of a harmful request
+    (`positive`, +1) and charges one of a benign request (`rejective`, -1).
+    Each wording's own group is flat (one reward), so without twin groups
+    nothing is learnt; with them a twin shares its seed's group and its
+    refusals get the negative advantage."""
+    engine = Scripted(answer=lambda a, p: REFUSAL, label=lambda p, r: "positive" if p.startswith("wrapped:") else "rejective")
+    s, phases = _session(engine, phases={"blue": {"twin_groups": twin_groups}}, data={"benign_share": 0.5},
+                         rewards={"blue_benign_class_values": {"negative": -1.0, "rejective": -1.0, "positive": 1.0}})
+    s.data.basic = [b for b in s.data.basic if b.id in s.data.twin_of_seed]  # every seed has a twin
+    result = phases.blue_step(1, 1)
+    rows, samples = result.rows["eval_pairs"], result.samples
+    harmful_group = {row["basic"]: x.group for x, row in zip(samples, rows) if row["kind"] == "harmful"}
+    twin_of = {t.prompt: seed for seed, t in s.data.twin_of_seed.items()}
+    seed_text = {b.id: b.prompt for b in s.data.basic}
+    benign = [(x, row) for x, row in zip(samples, rows) if row["kind"] == "benign"]
+    assert len(benign) == 4 and all(x.reward == -1.0 for x, _ in benign)
+    assert all(x.reward == 1.0 for x, row in zip(samples, rows) if row["kind"] == "harmful")
+    if twin_groups:
+        for x, row in benign:  # each twin in its own seed's group, and pushed down against it
+            assert x.group == harmful_group[seed_text[twin_of[row["basic"]]]]
+            assert x.advantage < 0 and not x.flat
+        assert all(x.advantage > 0 for x, row in zip(samples, rows) if row["kind"] == "harmful")
+        assert result.metrics["frac_zero_std"] == 0.0
+    else:
+        assert all(x.advantage == 0.0 and x.flat for x in samples)
+        assert not set(harmful_group.values()) & {x.group for x, _ in benign}
