@@ -309,9 +309,8 @@ class Phases:
         return metrics
 
     def _set_advantages(self, samples: list[Sample], role: str) -> dict[str, float]:
-        """Advantages with the recipe's scaling (and the role's minimum
-        spread); returns the GRPO diagnostics (frac_zero_std, clipped_ratio,
-        adv_abs_<kind>) for the step's row."""
+        """Advantages with the recipe's scaling and the role's minimum spread;
+        returns the step's GRPO diagnostics (grpo.assign_advantages)."""
         cfg = self.game.recipe.grpo
         own = getattr(self.game.recipe.phases, role).min_reward_std
         return assign_advantages(samples, cfg if own is None else cfg.model_copy(update={"min_reward_std": own}))
@@ -363,11 +362,13 @@ class Phases:
         stock = self.stock_replies(flat)
         cost = [r.rewards.degenerate_penalty if loop else r.rewards.generic_penalty if same else 0.0
                 for loop, same in zip(looping, stock)]
-        pools = self.twin_pools(prompts) if r.phases.blue.twin_groups else list(range(len(prompts)))
-        samples = [Sample(c.prompt_ids, c.token_ids, pools[g], blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
+        samples = [Sample(c.prompt_ids, c.token_ids, g, blue_reward(lab, r.rewards.blue_values(p[2]), penalty > 0, penalty),
                           truncated=not c.finished, kind=p[2])
                    for (g, p, c), lab, penalty in zip(flat, soft, cost)]
-        grpo_metrics = self._set_advantages(samples, "blue")
+        if r.phases.blue.twin_groups:
+            grpo_metrics = self._twin_advantages(samples, self.twin_pools(prompts), anchored)
+        else:
+            grpo_metrics = self._set_advantages(samples, "blue")
         # `generic`: whether the answer was one of this step's stock replies, or a
         # refusal with one stock alternative (judging/generic.py, no penalty: it
         # still refuses); the panel's rule expert calls either `rejective`
@@ -408,10 +409,23 @@ class Phases:
         ]
         return step_result(samples, metrics, eval_pairs=eval_rows, transcripts=transcripts)
 
+    def _twin_advantages(self, samples: list[Sample], pools: list[int], anchored: list[bool]) -> dict[str, float]:
+        """Advantages over twin groups, but an anchored refusal's against its
+        own request's answers: pooled with benign answers (+1) its advantage
+        fell to -0.15..-0.57 (main-twin-anchor-pooled-s0), and an answer blue
+        did not sample has no sampling expectation to cancel the push."""
+        own = [replace(x) for x in samples]
+        self._set_advantages(own, "blue")  # each request's group alone
+        for x in samples:
+            x.group = pools[x.group]
+        out = self._set_advantages(samples, "blue")
+        for x, mine, a in zip(samples, own, anchored):
+            if a:
+                x.advantage = mine.advantage
+        return out
+
     def twin_pools(self, prompts: list[tuple[str, str, str, str]]) -> list[int]:
-        """The GRPO group of each of a blue step's prompts: a benign topic
-        twin shares its harmful seed's group (phases.blue.twin_groups), so a
-        refusal of one is measured against the answers to the other."""
+        """Each prompt's GRPO group: a benign topic twin shares its harmful seed's."""
         data = self.game.data
         twin_seed = {twin.prompt: seed for seed, twin in data.twin_of_seed.items()}
         seed_id = {b.prompt: b.id for b in data.basic}
