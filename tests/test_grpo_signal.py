@@ -46,6 +46,12 @@ def test_the_step_diagnostics():
     assert metrics["frac_zero_std"] == 0.5 and metrics["clipped_ratio"] == 0.25
     assert metrics["adv_abs_harmful"] == 0.0 and metrics["adv_abs_benign"] == pytest.approx(0.5 / (math.sqrt(0.5) + EPS))
     assert [s.flat for s in samples] == [True, True, False, False]
+    assert metrics["adv_mean_benign"] == pytest.approx(0.0) and metrics["reward_mean_benign"] == 0.5
+    # one group of both kinds (phases.blue.twin_groups): the lower-paid kind sits below
+    for s, g in zip(samples, [0, 0, 0, 0]):
+        s.group = g
+    metrics = assign_advantages(samples, cfg)
+    assert metrics["adv_mean_harmful"] > 0 > metrics["adv_mean_benign"] and metrics["reward_mean_harmful"] == 1.0
 
 
 def _grads(model, tok, cfg, samples):

@@ -124,3 +124,34 @@ def test_benign_refusals_counts_blue_by_what_it_was_asked(tmp_path, monkeypatch)
     assert got["benign_twin"] == {"refused": 1, "answers": 2, "rate": 0.5}
     assert got["benign_other"] == {"refused": 0, "answers": 1, "rate": 0.0}
     assert got["harmful_plain_no_twin"]["answers"] == 0
+
+
+def test_an_anchored_refusal_keeps_its_own_requests_advantage(role_model):
+    """With refusal_anchor, blue's own answers are measured over twin groups
+    but the anchored refusal against its own request's answers (the tiny real
+    model answers and judges, forced-choice): pooled, a refusal blue did not
+    sample was pushed down by the twins' higher rewards."""
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.recipe import LoraConfig
+    from lora_triplay.training.grpo import group_advantages
+    from lora_triplay.triplay.roles import warmup_opening
+
+    model, tok = role_model
+    engine = HFEngine(model, tok, lora=LoraConfig(rank=4, alpha=8))
+    s, phases = _session(engine, phases={"blue": {"twin_groups": True, "refusal_anchor": "guide", "group_size": 3,
+                                                  "max_new_tokens": 5}},
+                         rewards={"judge_mode": "choice"}, data={"benign_share": 0.5})
+    s.data.basic = [b for b in s.data.basic if b.id in s.data.twin_of_seed]
+    result = phases.blue_step(1, 1)
+    samples, rows = result.samples, result.rows["eval_pairs"]
+    opening = warmup_opening("guide")
+    anchors = [i for i, row in enumerate(rows) if row["kind"] == "harmful" and row["response"].startswith(opening)]
+    assert len(anchors) == 2  # one per harmful request
+    assert len({x.group for x in samples}) == 2  # each harmful request and its twin: one group
+    grpo, rewards = s.recipe.grpo, [x.reward for x in samples]
+    by_prompt = {p: g for g, p in enumerate(dict.fromkeys(tuple(x.prompt_ids) for x in samples))}
+    alone = group_advantages(rewards, [by_prompt[tuple(x.prompt_ids)] for x in samples], grpo.scale_rewards, 1e-4, grpo.min_reward_std)
+    pooled = group_advantages(rewards, [x.group for x in samples], grpo.scale_rewards, 1e-4, grpo.min_reward_std)
+    for i, x in enumerate(samples):
+        assert x.advantage == pytest.approx(alone[i] if i in anchors else pooled[i])
+    assert any(alone[i] != pytest.approx(pooled[i]) for i in anchors)  # the rule changed something here

@@ -122,8 +122,10 @@ def assign_advantages(samples: list[Sample], cfg: GrpoConfig) -> dict[str, float
     """Set every sample's advantage (and `flat`) from its reward and group,
     with the recipe's scaling and minimum spread; returns the step's GRPO
     diagnostics: `frac_zero_std` (share of groups with no signal),
-    `clipped_ratio` (share of completions cut at the token budget) and
-    `adv_abs_<kind>` (mean |advantage| per prompt kind)."""
+    `clipped_ratio` (share of completions cut at the token budget),
+    `adv_abs_<kind>` (mean |advantage| per prompt kind) and `adv_mean_<kind>`
+    (signed: ~0 where a group holds one kind; where groups mix kinds, how
+    far one kind sits below the other) with `reward_mean_<kind>`."""
     values, flat = _advantages([s.reward for s in samples], [s.group for s in samples], cfg.scale_rewards, 1e-4, cfg.min_reward_std)
     for s, a in zip(samples, values):
         s.advantage, s.flat = a, s.group in flat
@@ -131,8 +133,12 @@ def assign_advantages(samples: list[Sample], cfg: GrpoConfig) -> dict[str, float
     out = {"frac_zero_std": len(flat & groups) / max(len(groups), 1),
            "clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1)}
     for kind in sorted({s.kind for s in samples if s.kind}):
-        mine = [abs(s.advantage) for s in samples if s.kind == kind]
-        out[f"adv_abs_{kind}"] = sum(mine) / len(mine)
+        mine = [s for s in samples if s.kind == kind]
+        out[f"adv_abs_{kind}"] = sum(abs(s.advantage) for s in mine) / len(mine)
+        out[f"adv_mean_{kind}"] = sum(s.advantage for s in mine) / len(mine)
+        rewarded = [s.reward for s in mine if s.reward is not None]
+        if rewarded:
+            out[f"reward_mean_{kind}"] = sum(rewarded) / len(rewarded)
     return out
 
 
