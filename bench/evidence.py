@@ -152,7 +152,10 @@ VARIANTS = {
     "main-semantic-gate-s1": ["seed=1", "rewards.semantic=meaning", "rewards.semantic_gate=true", "rewards.semantic_value=0"],
     # blue's benign topic twins in their harmful seeds' GRPO groups (phases.blue.twin_groups): in the recipe's runs blue
     # refused 24-50% of the twins it met in training against 1-12% of the other benign requests, and a twin group whose
-    # answers all refuse is flat (no gradient); pooled with its seed's group a refused twin scores below a refused seed
+    # answers all refuse is flat (no gradient); pooled with its seed's group a refused twin scores below a refused seed.
+    # Run 2026-12-05 (seed 0, BENCHMARKS "Benign twins in their seeds' groups"): over-refusal 5.0, JBB ASR 95.0 (57.5
+    # after iteration 1): eval pays blue's harmful answers ~-0.85 against ~+0.9 for its benign ones, so the pooled mean
+    # sat above every harmful answer and blue stopped refusing; not adopted, seed 1 not run
     "main-twin-s0": ["seed=0", "phases.blue.twin_groups=true"],
     "main-twin-s1": ["seed=1", "phases.blue.twin_groups=true"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words

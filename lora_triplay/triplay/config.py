@@ -58,13 +58,13 @@ class PhaseConfig(_Strict):
     )
     twin_groups: bool = Field(False, description="blue only: a step's harmful seed requests bring their benign topic twins "
         "(prompts/twins.yaml, or a benign file's twin_of) into their GRPO groups, so a refused twin scores below a refused "
-        "harmful request even where each wording's answers all refuse (a flat group alone)")
+        "harmful request even where each wording's answers all refuse (a flat group alone). Off: eval paid blue's harmful "
+        "answers ~1.7 below its benign ones, and blue stopped refusing (bench/BENCHMARKS.md, main-twin-s0)")
 
 
 class WarmupConfig(_Strict):
-    """Eval's warm start: before iteration 1's P_red the untrained blue answers
-    `pairs` seed prompts, harmful and benign, the panel labels them and eval
-    learns them, so red's and blue's first rewards come from a judge."""
+    """Eval's warm start: the untrained blue answers `pairs` seed prompts, harmful and benign, the panel
+    labels them and eval learns them, so that red's and blue's first rewards come from a judge."""
 
     steps: int = Field(0, ge=0)
     pairs: int = Field(32, ge=2, description="(prompt, answer) pairs the panel labels before the warm start trains")
