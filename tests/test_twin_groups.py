@@ -52,6 +52,11 @@ def test_a_benign_file_names_its_twins_and_a_wrong_name_is_refused(tmp_path):
     benign.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
     with pytest.raises(UserError, match="twin_of names no seed request.*b0: h9"):
         RunData(build_recipe({"data": data}), {"cursor": 0, "benign_cursor": 0, "global_step": 0}, panel=None)
+    # twin groups with no twin at all (the builtin benign requests beside another seed set) would do nothing: refused
+    data = {"basic_prompts": str(seeds), "benign_share": 0.5}
+    with pytest.raises(UserError, match="twin_groups: no benign request is the twin"):
+        RunData(build_recipe({"data": data, "phases": {"blue": {"twin_groups": True}}}),
+                {"cursor": 0, "benign_cursor": 0, "global_step": 0}, panel=None)
 
 
 def test_twin_groups_are_refused_where_they_cannot_work():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UserError
 from .experts import panel_summary
 from .pairs import PairPool
 from .roles import BasicPrompt, load_basic_prompts, load_techniques
@@ -28,8 +29,6 @@ def _twins(benign: list[BasicPrompt], seeds: list[BasicPrompt], builtin: bool) -
     from prompts/twins.yaml (a twin whose seed data.basic_prompts or
     data.limit left out is dropped); a benign file's `twin_of` column must
     name a seed request."""
-    from ..errors import UserError
-
     if builtin:
         from importlib import resources
 
@@ -52,7 +51,6 @@ def load_gold_pairs(path: str, need_kind: bool = False) -> list[dict]:
     import json
 
     from ..benchmarks import EXPECTED
-    from ..errors import UserError
     from ..judging.parsing import LABELS
 
     rows = []
@@ -91,6 +89,9 @@ class RunData:
             self.benign = load_basic_prompts(path)
         # topic twins: a benign request's harmful seed of the same topic (phases.blue.twin_groups)
         self.twin_of_seed = _twins(self.benign, self.basic, builtin=r.data.benign_prompts == "builtin")
+        if r.phases.blue.twin_groups and not self.twin_of_seed:
+            raise UserError("phases.blue.twin_groups: no benign request is the twin of a seed request here (the builtin "
+                            "twins pair the builtin seeds); give the benign file a twin_of column or set twin_groups=false")
         # a fixed attack set for blue (data.blue_attacks: a file), in its own order
         self.attacks = [] if r.data.blue_attacks in ("red", "seeds") else load_basic_prompts(r.data.blue_attacks)
         self.gold = load_gold_pairs(r.experts.gold_pairs, r.rewards.eval_sees_kind) if r.experts.gold_pairs else []
