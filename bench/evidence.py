@@ -158,6 +158,10 @@ VARIANTS = {
     # sat above every harmful answer and blue stopped refusing; not adopted, seed 1 not run
     "main-twin-s0": ["seed=0", "phases.blue.twin_groups=true"],
     "main-twin-s1": ["seed=1", "phases.blue.twin_groups=true"],
+    # and paid by the rules judge, a plain refusal of a harmful request worth what a benign answer is (+1): does
+    # the two-wording contrast teach blue when to refuse where its judge pays both right answers alike?
+    "fixed-twin-s0": ["seed=0", "rewards.blue_judge=rules", "phases.blue.twin_groups=true",
+                      "rewards.blue_class_values={negative: -1.0, rejective: 1.0, positive: 1.0}"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words
     # inside answers ("Dealing with a wife ... On one hand, you can't help with that. Instead, ...")
     # Measured 2026-12-05 (BENCHMARKS, decision1-s0.json): AUC 0.69 (0.80 with 8 tokens), greedy refusals as without a
@@ -199,7 +203,8 @@ ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue
                   "warm-only-decision-wrapped": "blue", "warm-only-decision-own": "blue",
                   "warm-only-s1": "blue", "warm-only-decision-s1": "blue", "warm-only-s2": "blue", "warm-only-decision-s2": "blue",
                   "warm-only-contrast": "blue", "warm-only-indist": "blue",
-                  "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red"}  # what each run is about
+                  "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red",
+                  "fixed-twin-s0": "blue,red"}  # what each run is about
 MAX_NEW = 40
 
 
