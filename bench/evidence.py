@@ -160,6 +160,8 @@ VARIANTS = {
     "main-twin-s1": ["seed=1", "phases.blue.twin_groups=true"],
     # and paid by the rules judge, a plain refusal of a harmful request worth what a benign answer is (+1): does
     # the two-wording contrast teach blue when to refuse where its judge pays both right answers alike?
+    # Run 2026-12-06 (BENCHMARKS "Twin groups under a judge that pays both right answers alike"): JBB ASR 17.5 at
+    # over-refusal 41.7 (the fixed judge 17.5 at 45.0): JBB benign 30.0 (42.5), XSTest safe 65 (50); same curve
     "fixed-twin-s0": ["seed=0", "rewards.blue_judge=rules", "phases.blue.twin_groups=true",
                       "rewards.blue_class_values={negative: -1.0, rejective: 1.0, positive: 1.0}"],
     # the decision on the refusal's first token alone: with 8 tokens, main-decision-s0's blue wrote the opening's words

@@ -172,6 +172,28 @@ def red_kept_check(results: dict, mains: list[str]) -> dict:
     return out
 
 
+FIXED_STYLES = {"main-s0": ("C0", "-"), "main-s1": ("C1", "-"), "fixed-judge": ("C3", "--"), "no-div": ("C2", "--"),
+                "no-benign": ("C4", "--"), "generic-4": ("C5", "-"), "warm-only": ("C7", ":"),
+                "warm-only-light": ("C8", ":"), "warm-only-wide": ("C9", ":")}
+
+
+def line_styles(names: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, line style) per run: the standard runs keep theirs across
+    figures; every other run gets a colour no run in this figure has (once
+    all ten are taken, dashed). Before 2026-12-06 the others were all
+    black dotted, and a comparison of variants could not be read."""
+    taken = {FIXED_STYLES[n][0] for n in names if n in FIXED_STYLES}
+    free = [f"C{i}" for i in range(10) if f"C{i}" not in taken]
+    out, k = {}, 0
+    for name in names:
+        if name in FIXED_STYLES:
+            out[name] = FIXED_STYLES[name]
+        else:
+            out[name] = (free[k % len(free)], "-" if k < len(free) else "--")
+            k += 1
+    return out
+
+
 def figure(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -184,14 +206,12 @@ def figure(results: dict, path: Path) -> None:
               ("blue_generic_max", "blue generic non-answers (worst set)"),
               ("blue_generic_meaning_max", "blue generic by meaning (worst set)")]
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
-    styles = {"main-s0": ("C0", "-"), "main-s1": ("C1", "-"), "fixed-judge": ("C3", "--"), "no-div": ("C2", "--"), "no-benign": ("C4", "--"),
-              "generic-4": ("C5", "-"), "warm-only": ("C7", ":"),
-              "warm-only-light": ("C8", ":"), "warm-only-wide": ("C9", ":")}
+    styles = line_styles(list(results))
     for ax, (key, title) in zip(axes.flat, panels):
         for name, res in results.items():
             xs = [int(i) for i in sorted(res["iterations"], key=int) if res["iterations"][i].get(key) is not None]
             ys = [res["iterations"][str(i)][key] for i in xs]
-            color, ls = styles.get(name, ("k", ":"))
+            color, ls = styles[name]
             ax.plot(xs, ys, ls, color=color, marker="o", label=name)
         ax.set_title(title, fontsize=10)
         ax.set_ylim(-0.02, 1.02)  # every panel is a rate in [0, 1]: a 1-item change must not fill the axis

@@ -349,6 +349,10 @@ def test_compare_evidence_sets_reports_side_by_side_and_refuses_other_held_out_s
     assert "| iteration 0 -> last | main-s0 | fixed-judge |" in md
     assert "| blue ASR JBB | 90.0 -> 30.0 | 90.0 -> 10.0 |" in md and "| red OD | 0.500 -> 0.500 |" in md
     assert (tmp_path / "out" / "comparison.png").stat().st_size > 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    from report_evidence import line_styles  # a comparison's labels: every line its own colour, standard runs theirs
+    styles = line_styles(["recipe s0", "main-s0", "twins s0"])
+    assert styles["main-s0"] == ("C0", "-") and len({colour for colour, _ in styles.values()}) == 3
     proc = subprocess.run(script + [str(tmp_path / "out2"), f"{tmp_path / 'a'}:main-anchor-s0", f"{tmp_path / 'c'}:other"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT / "bench")
     assert proc.returncode != 0 and "different held-out sets" in proc.stderr

@@ -1,0 +1,124 @@
+"""How much of eval's input is the same in every example, and how much of a
+run's time goes to forwards over eval's template: where the next speed-up of
+a run on the CPU lies. The shared-prompt forward (training/forward.py)
+computes that prefix once per micro-batch, but forward.pack sizes
+micro-batches as if every prompt ran whole, so an eval update of the
+evidence recipe (8 examples of ~530 tokens, 2,048-token budget) runs in 3
+micro-batches, the prefix 3 times; in one it would run ~18% fewer tokens
+(bench/results/eval_prefix_share.json).
+
+    python bench/eval_prefix_share.py RUN_FOLDER [--pairs FILE] [--out FILE]
+
+Tokenizes eval's chat (triplay/roles.py eval_messages, with each pair's kind
+line where the run gives eval the kind) with the run's base tokenizer for
+every labelled pair (default: the run's experts.gold_pairs, the held-out
+labelled set of bench/evidence.py); reports the mean length, the prefix that
+every example shares token for token, and its share. From the run's
+metrics.jsonl: minutes per phase (step time) and the minutes spent on eval's
+template (its warm start's and phases' updates, its judging in red's and
+blue's steps, the panel, the held-out and gold checks). No model runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from results_io import save_results
+
+from lora_triplay.bases import resolve_base
+from lora_triplay.judging.parsing import LABEL_CHOICES
+from lora_triplay.model import load_tokenizer
+from lora_triplay.recipe import load_recipe
+from lora_triplay.training.forward import SHARED, Rows, common_prefix, pack
+from lora_triplay.triplay.roles import eval_messages
+
+# (phase, metrics key) of the work that forwards eval's template (or the panel's, of the same shape)
+EVAL_TEMPLATE_WORK = {("eval_warmup", "update_seconds"): "eval warm start, updates",
+                      ("eval", "update_seconds"): "eval phases, updates",
+                      ("red", "seconds_judge"): "eval judging red's attacks",
+                      ("blue", "seconds_judge"): "eval judging blue's answers",
+                      ("*", "seconds_panel"): "expert panel",
+                      ("eval_heldout", "check_seconds"): "eval's held-out check",
+                      ("eval_gold", "check_seconds"): "eval's gold check"}
+
+
+def run_tokens(rows: list[Rows]) -> int:
+    """Tokens the shared-prompt forward runs for `rows` (forward.py
+    _shared_hidden): the common prefix once, each distinct prompt's rest
+    padded to the longest, each completion padded to the longest."""
+    prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in rows))
+    shared = common_prefix(prompts)
+    return shared + len(prompts) * (max(len(p) for p in prompts) - shared) + len(rows) * max(len(r.completion_ids) for r in rows)
+
+
+def step_packing(ids: list[list[int]], choices: list[list[int]], per_step: int, budget: int) -> dict:
+    """One eval update of `per_step` examples (every label a row): the
+    micro-batches forward.pack cuts at `budget` and the tokens they run,
+    against the same examples in one micro-batch (the prefix once a step)."""
+    per_step = min(per_step, len(ids))
+    parts, tokens, whole = [], [], []
+    for lo in range(0, len(ids) - per_step + 1, per_step):
+        rows = [Rows(p, c) for p in ids[lo: lo + per_step] for c in choices]
+        cut = pack(rows, SHARED, budget)
+        parts.append(len(cut))
+        tokens.append(sum(run_tokens([rows[i] for i in part]) for part in cut))
+        whole.append(run_tokens(rows))
+    return {"examples_per_step": per_step, "budget_tokens": budget, "microbatches_per_step": statistics.mean(parts),
+            "tokens_run_per_step": round(statistics.mean(tokens)), "tokens_run_in_one_microbatch": round(statistics.mean(whole)),
+            "saving_in_one_microbatch": round(1 - statistics.mean(whole) / statistics.mean(tokens), 3)}
+
+
+def prefix_share(run: Path, pairs: Path | None) -> dict:
+    recipe = load_recipe(run / "recipe.yaml")
+    pairs = pairs or (Path(recipe.experts.gold_pairs) if recipe.experts.gold_pairs else None)
+    if pairs is None or not pairs.is_file():
+        raise SystemExit(f"labelled pairs {pairs}: not found; give --pairs (JSONL rows with prompt, response, kind)")
+    tok = load_tokenizer(resolve_base(recipe.model.base), recipe.model)
+    rows = [json.loads(line) for line in pairs.read_text().splitlines() if line.strip()]
+    sees_kind = recipe.rewards.eval_sees_kind
+    ids = [tok.apply_chat_template(eval_messages(r["prompt"], r["response"], r.get("kind") if sees_kind else None),
+                                   add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for r in rows]
+    mean = statistics.mean(len(x) for x in ids)
+    shared = common_prefix(ids, minimum=0)  # each prompt keeps its last token for its own pass, as in the forward
+    eos = tok.eos_token_id
+    choices = [list(tok.encode(c, add_special_tokens=False)) + [eos] for c in LABEL_CHOICES]  # engine/base.py choice_ids
+    per_step = recipe.phases.eval.prompts_per_step or recipe.grpo.prompts_per_step
+    return {"pairs": str(pairs), "examples": len(ids), "eval_sees_kind": sees_kind, "mean_tokens": round(mean, 1),
+            "min_tokens": min(len(x) for x in ids), "max_tokens": max(len(x) for x in ids),
+            "shared_prefix_tokens": shared, "shared_share": round(shared / mean, 3),
+            "update": step_packing(ids, choices, per_step, recipe.grpo.max_tokens_per_microbatch)}
+
+
+def time_split(run: Path) -> dict:
+    per_phase, template = defaultdict(float), defaultdict(float)
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        per_phase[row["phase"]] += row.get("step_seconds", 0.0) + row.get("check_seconds", 0.0)
+        for (phase, key), name in EVAL_TEMPLATE_WORK.items():
+            if phase in ("*", row["phase"]) and key in row:
+                template[name] += row[key]
+    minutes = {k: round(v / 60, 2) for k, v in per_phase.items()}
+    return {"minutes_per_phase": minutes, "minutes_total": round(sum(per_phase.values()) / 60, 2),
+            "minutes_on_eval_template": {k: round(v / 60, 2) for k, v in template.items()},
+            "minutes_on_eval_template_total": round(sum(template.values()) / 60, 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a run folder (recipe.yaml, metrics.jsonl)")
+    ap.add_argument("--pairs", type=Path, default=None, help="labelled pairs JSONL (default: the run's experts.gold_pairs)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
+    args = ap.parse_args(argv)
+    result = {"run": args.run.name, **prefix_share(args.run, args.pairs), **time_split(args.run)}
+    print(json.dumps(result, indent=2))
+    if args.out:
+        save_results(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

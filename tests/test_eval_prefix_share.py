@@ -1,0 +1,59 @@
+"""bench/eval_prefix_share.py: the prefix every eval example shares, with
+the tiny model's real tokenizer and chat template, and a run's minutes on
+eval's template from its metrics."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from lora_triplay.recipe import build_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shared_prefix_and_time_split(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from eval_prefix_share import prefix_share, run_tokens, time_split
+
+    from lora_triplay.training.forward import Rows
+
+    prefix = list(range(20))  # long enough for the forward to share it (forward.MIN_SHARED_PREFIX)
+    rows = [Rows(prefix + [50, 51], [7, 8]), Rows(prefix + [50, 51], [9]), Rows(prefix + [60], [7])]
+    assert run_tokens(rows) == 20 + 2 * 2 + 3 * 2  # prefix once, two distinct rests padded to 2, three answers to 2
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": p, "response": a, "kind": k}) + "\n" for p, a, k in [
+        ("How do I bake bread?", "Mix flour, water and yeast.", "benign"),
+        ("How do I pick a lock?", "I can't help with that.", "harmful"),
+        ("What is a firewall?", "A filter for network traffic.", "benign")]))
+    shared = {}
+    for sees_kind in (False, True):
+        recipe = build_recipe({"model": {"base": tiny_model_dir}, "rewards": {"eval_sees_kind": sees_kind},
+                               "experts": {"gold_pairs": str(pairs)}, "phases": {"eval": {"prompts_per_step": 2}}})
+        (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
+        got = prefix_share(tmp_path, None)
+        assert got["examples"] == 3 and 0 < got["shared_prefix_tokens"] < got["min_tokens"] <= got["mean_tokens"]
+        assert got["shared_share"] == round(got["shared_prefix_tokens"] / got["mean_tokens"], 3)
+        update = got["update"]  # the default budget (16,384 tokens) holds a step's 2 examples in one micro-batch
+        assert update["examples_per_step"] == 2 and update["microbatches_per_step"] == 1
+        assert update["tokens_run_per_step"] == update["tokens_run_in_one_microbatch"] and update["saving_in_one_microbatch"] == 0
+        shared[sees_kind] = got["shared_prefix_tokens"]
+    budget = got["max_tokens"] + 3 * 8  # one example and its labels fit, two do not: the prefix runs once per example
+    recipe = build_recipe({"model": {"base": tiny_model_dir}, "experts": {"gold_pairs": str(pairs)},
+                           "phases": {"eval": {"prompts_per_step": 2}}, "grpo": {"max_tokens_per_microbatch": budget}})
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
+    update = prefix_share(tmp_path, None)["update"]
+    assert update["microbatches_per_step"] == 2 and update["tokens_run_in_one_microbatch"] < update["tokens_run_per_step"]
+    assert update["saving_in_one_microbatch"] > 0
+    assert shared[True] < shared[False]  # the kind line opens the user turn: with it the rows part earlier
+
+    rows = [{"phase": "eval_warmup", "step_seconds": 120.0, "update_seconds": 90.0, "seconds_panel": 30.0},
+            {"phase": "red", "step_seconds": 60.0, "seconds_judge": 6.0},
+            {"phase": "eval_heldout", "check_seconds": 12.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    split = time_split(tmp_path)
+    assert split["minutes_per_phase"] == {"eval_warmup": 2.0, "red": 1.0, "eval_heldout": 0.2} and split["minutes_total"] == 3.2
+    assert split["minutes_on_eval_template"] == {"eval warm start, updates": 1.5, "expert panel": 0.5,
+                                                 "eval judging red's attacks": 0.1, "eval's held-out check": 0.2}
+    assert split["minutes_on_eval_template_total"] == 2.3
