@@ -5,7 +5,8 @@ computes that prefix once per micro-batch, but forward.pack sizes
 micro-batches as if every prompt ran whole, so an eval update of the
 evidence recipe (8 examples of ~530 tokens, 2,048-token budget) runs in 3
 micro-batches, the prefix 3 times; in one it would run ~18% fewer tokens
-(bench/results/eval_prefix_share.json).
+(bench/results/eval_prefix_share.json), which at that budget does not
+make the update faster (bench/bench_prefix_packing.py).
 
     python bench/eval_prefix_share.py RUN_FOLDER [--pairs FILE] [--out FILE]
 
@@ -49,7 +50,8 @@ EVAL_TEMPLATE_WORK = {("eval_warmup", "update_seconds"): "eval warm start, updat
 def run_tokens(rows: list[Rows]) -> int:
     """Tokens the shared-prompt forward runs for `rows` (forward.py
     _shared_hidden): the common prefix once, each distinct prompt's rest
-    padded to the longest, each completion padded to the longest."""
+    padded to the longest, each completion padded to the longest
+    (forward.padded_tokens counts every prompt whole)."""
     prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in rows))
     shared = common_prefix(prompts)
     return shared + len(prompts) * (max(len(p) for p in prompts) - shared) + len(rows) * max(len(r.completion_ids) for r in rows)
@@ -72,8 +74,9 @@ def step_packing(ids: list[list[int]], choices: list[list[int]], per_step: int, 
             "saving_in_one_microbatch": round(1 - statistics.mean(whole) / statistics.mean(tokens), 3)}
 
 
-def prefix_share(run: Path, pairs: Path | None) -> dict:
-    recipe = load_recipe(run / "recipe.yaml")
+def eval_examples(recipe, pairs: Path | None) -> tuple[list[list[int]], list[list[int]], int]:
+    """(eval's prompt ids per labelled pair, the label choices' ids, examples
+    per eval step) as the run's eval reads them (eval_steps.py examples)."""
     pairs = pairs or (Path(recipe.experts.gold_pairs) if recipe.experts.gold_pairs else None)
     if pairs is None or not pairs.is_file():
         raise SystemExit(f"labelled pairs {pairs}: not found; give --pairs (JSONL rows with prompt, response, kind)")
@@ -82,11 +85,17 @@ def prefix_share(run: Path, pairs: Path | None) -> dict:
     sees_kind = recipe.rewards.eval_sees_kind
     ids = [tok.apply_chat_template(eval_messages(r["prompt"], r["response"], r.get("kind") if sees_kind else None),
                                    add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for r in rows]
+    choices = [list(tok.encode(c, add_special_tokens=False)) + [tok.eos_token_id] for c in LABEL_CHOICES]  # engine choice_ids
+    return ids, choices, recipe.phases.eval.prompts_per_step or recipe.grpo.prompts_per_step
+
+
+def prefix_share(run: Path, pairs: Path | None) -> dict:
+    recipe = load_recipe(run / "recipe.yaml")
+    ids, choices, per_step = eval_examples(recipe, pairs)
     mean = statistics.mean(len(x) for x in ids)
     shared = common_prefix(ids, minimum=0)  # each prompt keeps its last token for its own pass, as in the forward
-    eos = tok.eos_token_id
-    choices = [list(tok.encode(c, add_special_tokens=False)) + [eos] for c in LABEL_CHOICES]  # engine/base.py choice_ids
-    per_step = recipe.phases.eval.prompts_per_step or recipe.grpo.prompts_per_step
+    pairs = pairs or Path(recipe.experts.gold_pairs)
+    sees_kind = recipe.rewards.eval_sees_kind
     return {"pairs": str(pairs), "examples": len(ids), "eval_sees_kind": sees_kind, "mean_tokens": round(mean, 1),
             "min_tokens": min(len(x) for x in ids), "max_tokens": max(len(x) for x in ids),
             "shared_prefix_tokens": shared, "shared_share": round(shared / mean, 3),

@@ -57,3 +57,35 @@ def test_shared_prefix_and_time_split(tmp_path, tiny_model_dir, monkeypatch):
     assert split["minutes_on_eval_template"] == {"eval warm start, updates": 1.5, "expert panel": 0.5,
                                                  "eval judging red's attacks": 0.1, "eval's held-out check": 0.2}
     assert split["minutes_on_eval_template_total"] == 2.3
+
+
+def test_prefix_packing_bench_times_both_accountings(tmp_path, tiny_model_dir, monkeypatch):
+    """bench/bench_prefix_packing.py on the tiny model: at a budget that
+    holds one example, counting the prefix once packs fewer micro-batches;
+    both are timed, and the trainer's own accounting is left in place."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import bench_prefix_packing
+
+    import lora_triplay.training.supervised as supervised
+    from lora_triplay.training.forward import padded_tokens
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Question {i}: how do I bake bread?", "response": "Mix flour and water.",
+                                         "kind": "benign"}) + "\n" for i in range(4)))
+    recipe = build_recipe({"model": {"base": tiny_model_dir}, "experts": {"gold_pairs": str(pairs)},
+                           "phases": {"eval": {"prompts_per_step": 4}}})
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
+    from eval_prefix_share import eval_examples, run_tokens
+
+    from lora_triplay.training.forward import Rows
+
+    ids, choices, _ = eval_examples(recipe, None)
+    two = [Rows(p, c) for p in ids[:2] for c in choices]
+    budget = run_tokens(two)  # two examples fit when the shared prefix counts once, not when each prompt counts whole
+    assert budget < padded_tokens(two, "shared_prompt")
+    out = tmp_path / "packing.json"
+    assert bench_prefix_packing.main([str(tmp_path), "--repeats", "1", "--budget", str(budget), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["microbatches"]["whole_prompts"] == 4 and got["microbatches"]["prefix_once"] < 4
+    assert len(got["seconds"]["prefix_once"]) == len(got["seconds"]["whole_prompts"]) == 1
+    assert supervised.padded_tokens is padded_tokens

@@ -1,0 +1,92 @@
+"""One eval update of the evidence recipe, micro-batches sized two ways, side
+by side in one process: every prompt counted whole (forward.padded_tokens,
+what the trainer does) or the shared prefix counted once (the tokens the
+shared-prompt forward runs: bench/eval_prefix_share.py run_tokens). Same
+examples, model and budget; the order alternates so a drifting host hits
+both alike.
+
+    python bench/bench_prefix_packing.py RUN_FOLDER [--repeats 3] [--budget N] [--out FILE]
+
+Eval's examples are a run's labelled pairs (experts.gold_pairs, as
+bench/eval_prefix_share.py reads them), 8 a step as in the recipe, on the
+run's base at the run's LoRA rank. Each timed call is one optimizer step
+(learner.step with the supervised examples only); the adapter moves between
+calls, which changes no token count. Measured 2026-12-06
+(bench/results/prefix_packing.json): at the recipe's 2,048 tokens counting
+the prefix once cuts 3 micro-batches to 2 and the tokens by 17.6%, and the
+update's time does not move (x1.078, then x1.000: the host's noise); at
+1,024 tokens it cuts 8 micro-batches to 3 and the time to x0.61. The
+trainer keeps its accounting (bench/BENCHMARKS.md, "Where a seed's time
+goes on a slow host").
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from eval_prefix_share import eval_examples, run_tokens
+from results_io import save_results
+
+from lora_triplay.model import activate, attach_role_adapters, load_base
+from lora_triplay.recipe import load_recipe
+from lora_triplay.training import forward
+from lora_triplay.training.grpo import GrpoLearner
+from lora_triplay.training.supervised import ChoiceExample
+from lora_triplay.triplay.roles import ROLE_ADAPTERS
+
+
+def prefix_once(rows, layout: str) -> int:
+    """The shared prefix counted once (the tokens _shared_hidden runs)."""
+    return run_tokens(rows) if rows and layout == forward.SHARED else whole_prompts(rows, layout)
+
+
+whole_prompts = forward.padded_tokens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budget", type=int, default=None, help="tokens a micro-batch (default: the recipe's)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.run / "recipe.yaml")
+    if args.budget:
+        recipe.grpo.max_tokens_per_microbatch = args.budget
+    ids, choices, per_step = eval_examples(recipe, None)
+    examples = [ChoiceExample(p, choices, i % len(choices)) for i, p in enumerate(ids[:per_step])]
+    model_cfg = recipe.model.model_copy(update={"device": "cpu", "dtype": "float32"})
+    base, tok, _ = load_base(model_cfg)
+    model = attach_role_adapters(base, recipe.lora, seed=0, names=list(ROLE_ADAPTERS.values()))
+    learner = GrpoLearner(model, activate(model, ROLE_ADAPTERS["eval"]), recipe.grpo, lr=1e-5, pad_id=tok.pad_token_id)
+    import lora_triplay.training.supervised as supervised
+
+    times: dict[str, list[float]] = {"prefix_once": [], "whole_prompts": []}
+    parts: dict[str, int] = {}
+    for k in range(args.repeats + 1):  # the first round warms up and is not timed
+        for name, count in (("prefix_once", prefix_once), ("whole_prompts", whole_prompts))[:: 1 if k % 2 else -1]:
+            supervised.padded_tokens = count
+            parts[name] = len(supervised._chunks(examples, forward.SHARED, recipe.grpo.max_tokens_per_microbatch))
+            t0 = time.perf_counter()
+            learner.step([], examples)
+            if k:
+                times[name].append(time.perf_counter() - t0)
+    supervised.padded_tokens = whole_prompts
+    med = {name: statistics.median(t) for name, t in times.items()}
+    result = {"run": args.run.name, "examples": len(examples), "budget_tokens": recipe.grpo.max_tokens_per_microbatch,
+              "threads": torch.get_num_threads(), "microbatches": parts, "seconds": times, "median_seconds": med,
+              "ratio_prefix_once_to_whole": round(med["prefix_once"] / med["whole_prompts"], 3)}
+    print(f"{len(examples)} examples, {result['budget_tokens']} tokens a micro-batch, {result['threads']} threads: "
+          + ", ".join(f"{name} {parts[name]} micro-batches {med[name]:.2f} s" for name in med)
+          + f"; ratio {result['ratio_prefix_once_to_whole']}")
+    if args.out:
+        save_results(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
