@@ -1,7 +1,7 @@
 """How much of eval's input is the same in every example, and how much of a
 run's time goes to forwards over eval's template: where the next speed-up of
 a run on the CPU lies. The shared-prompt forward (training/forward.py)
-computes that prefix once per micro-batch, but forward.pack sizes
+computes that prefix once per micro-batch, but forward.padded_tokens sizes
 micro-batches as if every prompt ran whole, so an eval update of the
 evidence recipe (8 examples of ~530 tokens, 2,048-token budget) runs in 3
 micro-batches, the prefix 3 times; in one it would run ~18% fewer tokens
@@ -34,7 +34,8 @@ from lora_triplay.bases import resolve_base
 from lora_triplay.judging.parsing import LABEL_CHOICES
 from lora_triplay.model import load_tokenizer
 from lora_triplay.recipe import load_recipe
-from lora_triplay.training.forward import SHARED, Rows, common_prefix, pack
+from lora_triplay.training.forward import SHARED, Rows, common_prefix
+from lora_triplay.training.supervised import ChoiceExample, _chunks
 from lora_triplay.triplay.roles import eval_messages
 
 # (phase, metrics key) of the work that forwards eval's template (or the panel's, of the same shape)
@@ -59,16 +60,16 @@ def run_tokens(rows: list[Rows]) -> int:
 
 def step_packing(ids: list[list[int]], choices: list[list[int]], per_step: int, budget: int) -> dict:
     """One eval update of `per_step` examples (every label a row): the
-    micro-batches forward.pack cuts at `budget` and the tokens they run,
-    against the same examples in one micro-batch (the prefix once a step)."""
+    micro-batches the supervised update cuts at `budget` (supervised.py
+    _chunks) and the tokens they run, against the same examples in one
+    micro-batch (the prefix once a step)."""
     per_step = min(per_step, len(ids))
     parts, tokens, whole = [], [], []
     for lo in range(0, len(ids) - per_step + 1, per_step):
-        rows = [Rows(p, c) for p in ids[lo: lo + per_step] for c in choices]
-        cut = pack(rows, SHARED, budget)
+        cut = _chunks([ChoiceExample(p, choices, 0) for p in ids[lo: lo + per_step]], SHARED, budget)
         parts.append(len(cut))
-        tokens.append(sum(run_tokens([rows[i] for i in part]) for part in cut))
-        whole.append(run_tokens(rows))
+        tokens.append(sum(run_tokens([Rows(ex.prompt_ids, c) for ex in chunk for c in choices]) for chunk in cut))
+        whole.append(run_tokens([Rows(p, c) for p in ids[lo: lo + per_step] for c in choices]))
     return {"examples_per_step": per_step, "budget_tokens": budget, "microbatches_per_step": statistics.mean(parts),
             "tokens_run_per_step": round(statistics.mean(tokens)), "tokens_run_in_one_microbatch": round(statistics.mean(whole)),
             "saving_in_one_microbatch": round(1 - statistics.mean(whole) / statistics.mean(tokens), 3)}
