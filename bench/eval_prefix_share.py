@@ -1,6 +1,6 @@
 """How much of eval's input is the same in every example, and how much of a
-run's time goes to forwards over eval's template: where the next speed-up of
-a run on the CPU lies. The shared-prompt forward (training/forward.py)
+run's time goes to forwards over eval's template: where a run on the CPU
+spends its time. The shared-prompt forward (training/forward.py)
 computes that prefix once per micro-batch, but forward.padded_tokens sizes
 micro-batches as if every prompt ran whole, so an eval update of the
 evidence recipe (8 examples of ~530 tokens, 2,048-token budget) runs in 3
