@@ -67,15 +67,17 @@ def main(argv=None) -> int:
 
     times: dict[str, list[float]] = {"prefix_once": [], "whole_prompts": []}
     parts: dict[str, int] = {}
-    for k in range(args.repeats + 1):  # the first round warms up and is not timed
-        for name, count in (("prefix_once", prefix_once), ("whole_prompts", whole_prompts))[:: 1 if k % 2 else -1]:
-            supervised.padded_tokens = count
-            parts[name] = len(supervised._chunks(examples, forward.SHARED, recipe.grpo.max_tokens_per_microbatch))
-            t0 = time.perf_counter()
-            learner.step([], examples)
-            if k:
-                times[name].append(time.perf_counter() - t0)
-    supervised.padded_tokens = whole_prompts
+    try:
+        for k in range(args.repeats + 1):  # the first round warms up and is not timed
+            for name, count in (("prefix_once", prefix_once), ("whole_prompts", whole_prompts))[:: 1 if k % 2 else -1]:
+                supervised.padded_tokens = count  # what the supervised step sizes its micro-batches by
+                parts[name] = len(supervised._chunks(examples, forward.SHARED, recipe.grpo.max_tokens_per_microbatch))
+                t0 = time.perf_counter()
+                learner.step([], examples)
+                if k:
+                    times[name].append(time.perf_counter() - t0)
+    finally:
+        supervised.padded_tokens = whole_prompts  # the trainer's own count, whatever happened
     med = {name: statistics.median(t) for name, t in times.items()}
     result = {"run": args.run.name, "examples": len(examples), "budget_tokens": recipe.grpo.max_tokens_per_microbatch,
               "threads": torch.get_num_threads(), "microbatches": parts, "seconds": times, "median_seconds": med,
