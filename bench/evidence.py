@@ -97,6 +97,14 @@ VARIANTS = {
     # as wide and long as warm-only-wide-long, on the upper half: the probe learnt from every seed request (182).
     # Measured 2026-12-04: AUC 0.75 (every layer, same data: 0.78; the recipe's 64 requests: 0.73)
     "warm-only-wide-long-upper": WARM_ONLY + ["phases.blue_warmup.prompts=224", "phases.blue_warmup.steps=64", "lora.layers=15-29"],
+    # a smaller or noisier adapter (2026-12-06): does one with less room to memorise the ~56 kept answers' topics
+    # learn a refusal that follows intent better (the probe's linear readout of the frozen base generalises at
+    # AUC 0.84-0.88 where blue's rank-16 decision does at 0.73)? lora.rank and lora.dropout reach all three
+    # adapters; only blue trains here. Both seeds of each: a difference of 0.05 is one standard error at 40 vs 40
+    "warm-only-rank2": WARM_ONLY + ["lora.rank=2", "lora.alpha=4"],
+    "warm-only-rank2-s1": WARM_ONLY + ["seed=1", "lora.rank=2", "lora.alpha=4"],
+    "warm-only-dropout": WARM_ONLY + ["lora.dropout=0.3"],
+    "warm-only-dropout-s1": WARM_ONLY + ["seed=1", "lora.dropout=0.3"],
     # blue also learns whether to open with the refusal (triplay/blue_decision.py) on 224 builtin requests (146 distinct; the
     # refusal's first 8 tokens learnt where harmful, unlearnt where benign): the one lever that moved the AUC was more requests,
     # and the opening is where greedy decoding refuses or answers. Measured 2026-12-04 (BENCHMARKS "Blue's decision"):
@@ -198,15 +206,9 @@ VARIANTS = {
     "main-anchor2-s1": ["seed=1", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
-ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "warm-only": "blue",
-                  "warm-only-light": "blue", "warm-only-wide": "blue", "warm-only-long": "blue",
-                  "warm-only-wide-long": "blue", "warm-only-sure": "blue", "warm-only-upper": "blue", "warm-only-deep": "blue",
-                  "warm-only-wide-long-upper": "blue", "warm-only-decision": "blue", "warm-only-decision-long": "blue",
-                  "warm-only-decision-wrapped": "blue", "warm-only-decision-own": "blue",
-                  "warm-only-s1": "blue", "warm-only-decision-s1": "blue", "warm-only-s2": "blue", "warm-only-decision-s2": "blue",
-                  "warm-only-contrast": "blue", "warm-only-indist": "blue",
-                  "warm-only-indist-wide-long": "blue", "fixed-judge-indist": "blue,red",
-                  "fixed-twin-s0": "blue,red"}  # what each run is about
+ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "fixed-judge-indist": "blue,red",
+                  "fixed-twin-s0": "blue,red",
+                  **{name: "blue" for name in VARIANTS if name.startswith("warm-only")}}  # what each run is about
 MAX_NEW = 40
 
 
