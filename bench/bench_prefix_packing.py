@@ -5,7 +5,7 @@ shared-prompt forward runs: bench/eval_prefix_share.py run_tokens). Same
 examples, model and budget; the order alternates so a drifting host hits
 both alike.
 
-    python bench/bench_prefix_packing.py RUN_FOLDER [--repeats 3] [--budget N] [--out FILE]
+    python bench/bench_prefix_packing.py RUN_FOLDER [--repeats 3] [--budget N] [--profile] [--out FILE]
 
 Eval's examples are a run's labelled pairs (experts.gold_pairs, as
 bench/eval_prefix_share.py reads them), 8 a step as in the recipe, on the
@@ -18,6 +18,12 @@ update's time does not move (x1.078, then x1.000: the host's noise); at
 1,024 tokens it cuts 8 micro-batches to 3 and the time to x0.61. The
 trainer keeps its accounting (bench/BENCHMARKS.md, "Where a seed's time
 goes on a slow host").
+
+`--profile`: one more update (the trainer's packing) under torch.profiler,
+its operators' self time by kind (the frozen base's GEMMs, attention, LoRA's
+small GEMMs, copies, the rest), and the GEMMs' rate beside bench/host_speed.py's:
+is an eval update bound by the host's arithmetic, or by something the code
+could remove?
 """
 from __future__ import annotations
 
@@ -47,11 +53,47 @@ def prefix_once(rows, layout: str) -> int:
 whole_prompts = forward.padded_tokens
 
 
+# operator name -> what it is in a LoRA update on the CPU (training/frozen_linears.py sends the base's Linears to oneDNN)
+KINDS = (("mkldnn::_linear_pointwise", "frozen base GEMMs (oneDNN)"), ("flash_attention", "attention"),
+         ("aten::mm", "LoRA GEMMs and other matmuls"), ("aten::copy_", "copies"))
+
+
+def profile_update(learner, examples) -> dict:
+    """Self CPU seconds of one update by operator kind, and the top 12 operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        learner.step([], examples)
+        wall = time.perf_counter() - t0
+    ops = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()), key=lambda o: -o[1])
+    by_kind: dict[str, float] = {}
+    for name, seconds, _ in ops:
+        kind = next((label for key, label in KINDS if key in name), "everything else")
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    return {"wall_seconds": round(wall, 2), "self_seconds_by_kind": {k: round(v, 2) for k, v in by_kind.items()},
+            "top_operators": [{"name": n, "self_seconds": round(t, 3), "calls": c} for n, t, c in ops[:12]]}
+
+
+def base_gemm_flops(model, examples, layout: str, max_tokens) -> float:
+    """FLOPs of the frozen base's Linears in one update: forward and the input's
+    gradient, 2 x 2 x (their weights) per token the micro-batches run (the
+    prefix once per micro-batch, as _shared_hidden runs it)."""
+    import lora_triplay.training.supervised as supervised
+
+    weights = sum(m.weight.numel() for m in model.modules()
+                  if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and m.weight.shape[0] != model.config.vocab_size)
+    tokens = sum(prefix_once([supervised._Row(e.prompt_ids, c) for e in chunk for c in e.choices], layout)
+                 for chunk in supervised._chunks(examples, layout, max_tokens))
+    return 4.0 * weights * tokens
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=int, default=None, help="tokens a micro-batch (default: the recipe's)")
+    ap.add_argument("--profile", action="store_true", help="profile one more update by operator kind")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     recipe = load_recipe(args.run / "recipe.yaml")
@@ -85,6 +127,14 @@ def main(argv=None) -> int:
     print(f"{len(examples)} examples, {result['budget_tokens']} tokens a micro-batch, {result['threads']} threads: "
           + ", ".join(f"{name} {parts[name]} micro-batches {med[name]:.2f} s" for name in med)
           + f"; ratio {result['ratio_prefix_once_to_whole']}")
+    if args.profile:
+        prof = profile_update(learner, examples)
+        gemm = prof["self_seconds_by_kind"].get("frozen base GEMMs (oneDNN)")
+        flops = base_gemm_flops(model, examples, forward.SHARED, recipe.grpo.max_tokens_per_microbatch)
+        prof["frozen_base_gemm_gflops"] = round(flops / gemm / 1e9, 1) if gemm else None
+        result["profile"] = prof
+        print(f"profiled update {prof['wall_seconds']} s: " + ", ".join(f"{k} {v} s" for k, v in prof["self_seconds_by_kind"].items())
+              + f"; the base's GEMMs at {prof['frozen_base_gemm_gflops']} GFLOP/s")
     if args.out:
         save_results(args.out, result)
     return 0

@@ -84,8 +84,13 @@ def test_prefix_packing_bench_times_both_accountings(tmp_path, tiny_model_dir, m
     budget = run_tokens(two)  # two examples fit when the shared prefix counts once, not when each prompt counts whole
     assert budget < padded_tokens(two, "shared_prompt")
     out = tmp_path / "packing.json"
-    assert bench_prefix_packing.main([str(tmp_path), "--repeats", "1", "--budget", str(budget), "--out", str(out)]) == 0
+    assert bench_prefix_packing.main([str(tmp_path), "--repeats", "1", "--budget", str(budget), "--profile", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
+    prof = got["profile"]  # one more update, its operators by kind
+    kinds = {label for _, label in bench_prefix_packing.KINDS} | {"everything else"}
+    assert set(prof["self_seconds_by_kind"]) <= kinds and sum(prof["self_seconds_by_kind"].values()) > 0
+    assert prof["top_operators"] and prof["wall_seconds"] > 0
+    assert prof["frozen_base_gemm_gflops"] is None or prof["frozen_base_gemm_gflops"] > 0
     assert got["microbatches"]["whole_prompts"] == 4 and got["microbatches"]["prefix_once"] < 4
     assert len(got["seconds"]["prefix_once"]) == len(got["seconds"]["whole_prompts"]) == 1
     assert supervised.padded_tokens is padded_tokens
