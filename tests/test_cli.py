@@ -3,6 +3,7 @@
 `--version`, and help text that survives rich's markdown rendering."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -54,3 +55,19 @@ def test_help_without_arguments_still_shows_the_usage():
     assert proc.returncode == 2 and "Missing argument 'RECIPE'" in proc.stderr
     top = cli()
     assert "Usage: lora-triplay" in top.stdout + top.stderr and "run" in top.stdout + top.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="scikit-learn not installed: nothing to skip")
+def test_the_command_line_keeps_scikit_learn_out_of_transformers():
+    """transformers imports scikit-learn (and scipy) whenever it is installed;
+    the command line tells it not to, before any model code loads. A plain
+    process still gets transformers' own behaviour."""
+    load = "import transformers.models.qwen3.modeling_qwen3, transformers.generation.candidate_generator, peft, sys; "
+    plain = subprocess.run([sys.executable, "-c", load + "print('sklearn' in sys.modules)"], capture_output=True, text=True)
+    cli = subprocess.run([sys.executable, "-c", "from lora_triplay.cli import skip_assisted_generation_imports; "
+                          "skip_assisted_generation_imports(); " + load + "print('sklearn' in sys.modules)"],
+                         capture_output=True, text=True)
+    assert plain.returncode == 0 and cli.returncode == 0, plain.stderr[-2000:] + cli.stderr[-2000:]
+    if plain.stdout.split()[-1] != "True":
+        pytest.skip("this transformers no longer imports scikit-learn: skip_assisted_generation_imports can go")
+    assert cli.stdout.split()[-1] == "False", cli.stderr[-2000:]
