@@ -71,3 +71,15 @@ def test_the_command_line_keeps_scikit_learn_out_of_transformers():
     if plain.stdout.split()[-1] != "True":
         pytest.skip("this transformers no longer imports scikit-learn: skip_assisted_generation_imports can go")
     assert cli.stdout.split()[-1] == "False", cli.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["plan", "recipes/14b.yaml", "--gpus", "1", "--gpu-memory", "80"]])
+def test_commands_without_a_model_never_import_transformers(args):
+    """The scikit-learn skip above imports transformers.utils (~1 s); the
+    commands that load no model must not pay it."""
+    code = ("import atexit, sys; atexit.register(lambda: print('transformers' in sys.modules)); "
+            f"sys.argv = ['lora-triplay', *{args!r}]; from lora_triplay.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "False"

@@ -71,9 +71,10 @@ def skip_assisted_generation_imports() -> None:
     with an assistant. Telling transformers it is absent saves ~0.8 s of every
     command that loads a model (2026-12-06, `run recipes/tiny.yaml` on the
     tiny model, alternated: 8.4 -> 7.6 s, 9.5 -> 8.7 s; and every test that
-    starts the command line). Only the command line does it, before
-    transformers loads: a library user's process is left as it is, and a
-    transformers without these names too."""
+    starts the command line). Only the commands that load a model do it
+    (importing transformers.utils costs what it saves: `--help` 0.18 -> 1.2 s),
+    before transformers loads: a library user's process is left as it is,
+    and a transformers without these names too."""
     if "transformers" in sys.modules:
         return
     try:
@@ -86,9 +87,14 @@ def skip_assisted_generation_imports() -> None:
             module.is_sklearn_available = lambda: False
 
 
+MODEL_COMMANDS = ("run", "eval", "play", "chat", "serve", "export")  # the commands that load transformers' models
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    skip_assisted_generation_imports()
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+    if command in MODEL_COMMANDS:  # not for --help, validate, plan, report: transformers' own import is ~1 s
+        skip_assisted_generation_imports()
     try:
         code = app(prog_name="lora-triplay", standalone_mode=False)
     except click_errors.NoArgsIsHelpError as exc:  # `lora-triplay plan` alone: the help, as usual
