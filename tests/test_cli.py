@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,21 @@ def test_commands_without_a_model_never_import_transformers(args):
                           env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-1] == "False"
+
+
+def test_start_bench_alternates_the_cases_and_reports_the_saving(tmp_path, monkeypatch):
+    """bench/bench_cli_start.py's bookkeeping (its processes are the ones
+    the tests above start): every case timed `repeats` times after an untimed
+    round, in alternating order, and the saving is plain minus skipped."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import bench_cli_start
+
+    order = []
+    cost = dict(zip(bench_cli_start.CASES.values(), (6.0, 5.0, 0.2)))
+    monkeypatch.setattr(bench_cli_start, "wall", lambda code: order.append(code) or cost[code])
+    out = tmp_path / "start.json"
+    assert bench_cli_start.main(["--repeats", "2", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert len(order) == 3 * 3 and order[:3] == order[3:6][::-1]  # the warm round, then alternating
+    assert all(len(t) == 2 for t in got["seconds"].values())
+    assert got["saved_seconds"] == 1.0 and got["ratio_skipped_to_plain"] == round(5 / 6, 3)
