@@ -81,8 +81,8 @@ def base_gemm_flops(model, examples, layout: str, max_tokens) -> float:
     prefix once per micro-batch, as _shared_hidden runs it)."""
     import lora_triplay.training.supervised as supervised
 
-    weights = sum(m.weight.numel() for m in model.modules()
-                  if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and m.weight.shape[0] != model.config.vocab_size)
+    weights = sum(m.weight.numel() for name, m in model.named_modules()  # not the adapters' own (lora_A/B) Linears
+                  if isinstance(m, torch.nn.Linear) and "lora_" not in name and m.weight.shape[0] != model.config.vocab_size)
     tokens = sum(prefix_once([supervised._Row(e.prompt_ids, c) for e in chunk for c in e.choices], layout)
                  for chunk in supervised._chunks(examples, layout, max_tokens))
     return 4.0 * weights * tokens

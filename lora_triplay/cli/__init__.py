@@ -68,10 +68,9 @@ def skip_assisted_generation_imports() -> None:
     """transformers imports scikit-learn (and with it scipy) at start-up
     whenever it is installed, for assisted generation's confidence threshold;
     sentence-transformers installs it, and no lora-triplay command generates
-    with an assistant. Telling transformers it is absent saves ~0.8 s of every
-    command that loads a model (2026-12-06, `run recipes/tiny.yaml` on the
-    tiny model, alternated: 8.4 -> 7.6 s, 9.5 -> 8.7 s; and every test that
-    starts the command line). Only the commands that load a model do it
+    with an assistant. Telling transformers it is absent saves ~0.5 s of every
+    command that loads a model (bench/bench_cli_start.py: the imports 5.42 ->
+    4.88 s, 2026-12-06). Only the commands that load a model do it
     (importing transformers.utils costs what it saves: `--help` 0.18 -> 1.2 s),
     before transformers loads: a library user's process is left as it is,
     and a transformers without these names too."""
