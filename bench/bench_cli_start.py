@@ -3,11 +3,13 @@
 A model-loading command (`run`, `eval`, `play`, `chat`, `serve`, `export`)
 imports transformers' model code and PEFT; transformers then also imports
 scikit-learn and scipy if they are installed (sentence-transformers installs
-them), for assisted generation, which lora-triplay never uses. The command
-line tells transformers they are absent (`cli.skip_assisted_generation_imports`).
+them), for assisted generation and the object-detection losses, which
+lora-triplay never uses. The command line tells transformers they are absent
+(`cli.skip_unused_transformers_imports`).
 This times, in fresh processes and alternated so a drifting host hits both
 alike, the imports a model-loading command makes with and without that skip,
-and `lora-triplay --help` (which must stay light: it imports no transformers).
+and the commands that load no model (`--help`, `validate`, `plan`: they must
+stay light, importing neither torch nor transformers).
 
     python bench/bench_cli_start.py [--repeats 5] [--out FILE]
 """
@@ -24,11 +26,16 @@ from results_io import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_IMPORTS = "import peft, transformers.models.qwen3.modeling_qwen3"
-SKIP = "from lora_triplay.cli import skip_assisted_generation_imports; skip_assisted_generation_imports(); "
+SKIP = "from lora_triplay.cli import skip_unused_transformers_imports; skip_unused_transformers_imports(); "
 CASES = {
     "model imports, transformers as it comes": f"{MODEL_IMPORTS}",
-    "model imports, scikit-learn skipped (the command line)": f"{SKIP}{MODEL_IMPORTS}",
+    "model imports, scikit-learn and scipy skipped (the command line)": f"{SKIP}{MODEL_IMPORTS}",
     "lora-triplay --help": "import sys; sys.argv = ['lora-triplay', '--help']; from lora_triplay.cli import main; main()",
+    # the commands that read recipes and load no model: no torch either (training/advantages.py)
+    "lora-triplay validate recipes/*.yaml": ("import sys, glob; sys.argv = ['lora-triplay', 'validate', *sorted(glob.glob('recipes/*.yaml'))]; "
+                                             "from lora_triplay.cli import main; main()"),
+    "lora-triplay plan recipes/14b.yaml": ("import sys; sys.argv = ['lora-triplay', 'plan', 'recipes/14b.yaml']; "
+                                           "from lora_triplay.cli import main; main()"),
 }
 
 

@@ -281,7 +281,7 @@ def main() -> None:
     if args.dry_run:  # the 8B config scaled down; same code paths
         shape_cfg.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32)
-        args.prompt_tokens, args.completion_tokens = 64, 96
+        args.prompt_tokens, args.completion_tokens = 32, 32
         args.decode_rows, args.decode_tokens, args.loop_tokens = 8, 8, 6
     args.gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else 0.0
     RESULTS.update(device=torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",

@@ -1,6 +1,8 @@
 """One GRPO update on fixed samples, run by tests/test_distributed.py: as
 1 process on the whole batch, or under `accelerate launch` with each rank
-on its block of groups. Writes the updated adapter of every rank to OUT.
+on its block of groups. Writes the updated adapter of every rank to
+OUT.<loss type>.rank<r>, one update per loss type named (comma-separated),
+each from the same adapter.
 
 `fsdp`: the base's decoder layers are sharded across the ranks
 (sharding.py), and the worker also generates and scores through the
@@ -39,7 +41,7 @@ def engine_calls(model, tok, collective) -> dict:
             "engine_dummies": engine.lockstep.dummies if engine.lockstep else 0}
 
 
-def main(base: str, out: str, loss_type: str, mode: str = "ddp") -> None:
+def main(base: str, out: str, loss_types: str, mode: str = "ddp") -> None:
     torch.manual_seed(0)
     collective = Collective()
     # float64: a different summation order must not show (tests/test_distributed.py, ATOL)
@@ -59,15 +61,23 @@ def main(base: str, out: str, loss_type: str, mode: str = "ddp") -> None:
     _, mine = collective.block(groups)
     local = [s for s in samples if s.group in mine]
     params = activate(model, "red")
-    learner = GrpoLearner(model, params, GrpoConfig(loss_type=loss_type, beta=0.04, max_new_tokens=8, max_tokens_per_microbatch=16),
-                          lr=1e-2, pad_id=tok.pad_token_id, collective=collective)
-    stats = learner.step(local)
-    state = {k: v.detach().clone() for k, v in adapter_parameters(model, "red").items()}
-    torch.save({"state": state, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens, "world": collective.world,
-                "kl": stats.kl, "entropy": stats.entropy, "clip_fraction": stats.clip_fraction,
-                "microbatches": stats.extra["microbatches"], "grpo_dummies": learner.lockstep_dummies,
-                "sharded": is_sharded(model), **result},
-               f"{out}.rank{collective.rank}")
+    adapter = adapter_parameters(model, "red")
+    start = {k: v.detach().clone() for k, v in adapter.items()}
+    for loss_type in loss_types.split(","):  # each loss type's step from the same adapter (one launch for several)
+        with torch.no_grad():
+            for k, v in adapter.items():
+                v.copy_(start[k])
+                v.grad = None
+        begin = sum(v.detach().abs().sum().item() for v in adapter.values())
+        learner = GrpoLearner(model, params, GrpoConfig(loss_type=loss_type, beta=0.04, max_new_tokens=8, max_tokens_per_microbatch=16),
+                              lr=1e-2, pad_id=tok.pad_token_id, collective=collective)
+        stats = learner.step(local)
+        state = {k: v.detach().clone() for k, v in adapter.items()}
+        torch.save({"state": state, "start": begin, "loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens,
+                    "world": collective.world, "kl": stats.kl, "entropy": stats.entropy, "clip_fraction": stats.clip_fraction,
+                    "microbatches": stats.extra["microbatches"], "grpo_dummies": learner.lockstep_dummies,
+                    "sharded": is_sharded(model), **result},
+                   f"{out}.{loss_type}.rank{collective.rank}")
     collective.barrier()
 
 

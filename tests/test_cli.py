@@ -58,32 +58,36 @@ def test_help_without_arguments_still_shows_the_usage():
     assert "Usage: lora-triplay" in top.stdout + top.stderr and "run" in top.stdout + top.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="scikit-learn not installed: nothing to skip")
-def test_the_command_line_keeps_scikit_learn_out_of_transformers():
-    """transformers imports scikit-learn (and scipy) whenever it is installed;
-    the command line tells it not to, before any model code loads. A plain
-    process still gets transformers' own behaviour."""
-    load = "import transformers.models.qwen3.modeling_qwen3, transformers.generation.candidate_generator, peft, sys; "
-    plain = subprocess.run([sys.executable, "-c", load + "print('sklearn' in sys.modules)"], capture_output=True, text=True)
-    cli = subprocess.run([sys.executable, "-c", "from lora_triplay.cli import skip_assisted_generation_imports; "
-                          "skip_assisted_generation_imports(); " + load + "print('sklearn' in sys.modules)"],
-                         capture_output=True, text=True)
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None or importlib.util.find_spec("scipy") is None,
+                    reason="scikit-learn or scipy not installed: nothing to skip")
+def test_the_command_line_keeps_scikit_learn_and_scipy_out_of_transformers():
+    """transformers imports scikit-learn and scipy whenever they are
+    installed; the command line tells it not to, before any model code
+    loads. A plain process still gets transformers' own behaviour."""
+    load = ("import transformers.models.qwen3.modeling_qwen3, transformers.generation.candidate_generator, peft, sys; "
+            "print(sorted({'sklearn', 'scipy'} & set(sys.modules)))")
+    plain = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True)
+    cli = subprocess.run([sys.executable, "-c", "from lora_triplay.cli import skip_unused_transformers_imports; "
+                          "skip_unused_transformers_imports(); " + load], capture_output=True, text=True)
     assert plain.returncode == 0 and cli.returncode == 0, plain.stderr[-2000:] + cli.stderr[-2000:]
-    if plain.stdout.split()[-1] != "True":
-        pytest.skip("this transformers no longer imports scikit-learn: skip_assisted_generation_imports can go")
-    assert cli.stdout.split()[-1] == "False", cli.stderr[-2000:]
+    if plain.stdout.splitlines()[-1] != "['scipy', 'sklearn']":
+        pytest.skip(f"this transformers imports {plain.stdout.splitlines()[-1]} by itself: update UNUSED_BY_TRANSFORMERS")
+    assert cli.stdout.splitlines()[-1] == "[]", cli.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args", [["--help"], ["plan", "recipes/14b.yaml", "--gpus", "1", "--gpu-memory", "80"]])
-def test_commands_without_a_model_never_import_transformers(args):
-    """The scikit-learn skip above imports transformers.utils (~1 s); the
-    commands that load no model must not pay it."""
-    code = ("import atexit, sys; atexit.register(lambda: print('transformers' in sys.modules)); "
+@pytest.mark.parametrize("args", [["--help"], ["plan", "recipes/14b.yaml", "--gpus", "1", "--gpu-memory", "80"],
+                                  ["validate", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes").glob("*.yaml"))]])
+def test_commands_without_a_model_never_import_torch_or_transformers(args):
+    """The scikit-learn skip above imports transformers.utils (~1 s) and
+    torch takes 1-2 s more: the commands that load no model pay neither
+    (validate reads every game's roles, so no game module may import torch
+    at its top: training/advantages.py)."""
+    code = ("import atexit, sys; atexit.register(lambda: print(sorted({'torch', 'transformers'} & set(sys.modules)))); "
             f"sys.argv = ['lora-triplay', *{args!r}]; from lora_triplay.cli import main; main()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-1] == "False"
+    assert proc.stdout.splitlines()[-1] == "[]"
 
 
 def test_start_bench_alternates_the_cases_and_reports_the_saving(tmp_path, monkeypatch):
@@ -94,11 +98,11 @@ def test_start_bench_alternates_the_cases_and_reports_the_saving(tmp_path, monke
     import bench_cli_start
 
     order = []
-    cost = dict(zip(bench_cli_start.CASES.values(), (6.0, 5.0, 0.2)))
+    cost = dict(zip(bench_cli_start.CASES.values(), (6.0, 5.0, 0.2, 0.3, 0.4)))
     monkeypatch.setattr(bench_cli_start, "wall", lambda code: order.append(code) or cost[code])
     out = tmp_path / "start.json"
     assert bench_cli_start.main(["--repeats", "2", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert len(order) == 3 * 3 and order[:3] == order[3:6][::-1]  # the warm round, then alternating
+    assert len(order) == 3 * 5 and order[:5] == order[5:10][::-1]  # the warm round, then alternating
     assert all(len(t) == 2 for t in got["seconds"].values())
     assert got["saved_seconds"] == 1.0 and got["ratio_skipped_to_plain"] == round(5 / 6, 3)

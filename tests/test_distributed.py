@@ -107,25 +107,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(tiny_model_dir, tmp_path, loss_type: str, mode: str, env_extra: dict | None = None) -> tuple[dict, list[dict]]:
-    """The worker as 1 process and as 2 (accelerate launch): (1-process result, each rank's)."""
+# One process never shards, so a wrong sharding (env_extra) cannot change its
+# result: each (base, loss types, mode) is computed once per session.
+_ONE_PROCESS: dict[tuple, dict[str, dict]] = {}
+
+
+def _worker(tiny_model_dir, tmp_path, loss_types: str, mode: str, env_extra: dict | None = None) -> tuple[dict, dict]:
+    """The worker as 1 process and as 2 (accelerate launch), one step per loss
+    type (comma-separated) from the same adapter: ({loss type: 1-process
+    result}, {loss type: each rank's})."""
     env = _env(env_extra)
-    one = subprocess.run([sys.executable, str(WORKER), tiny_model_dir, str(tmp_path / "one"), loss_type, mode],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
+    key = (tiny_model_dir, loss_types, mode)
+    if key not in _ONE_PROCESS:
+        one = subprocess.run([sys.executable, str(WORKER), tiny_model_dir, str(tmp_path / "one"), loss_types, mode],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert one.returncode == 0, one.stderr[-2000:]
+        _ONE_PROCESS[key] = {lt: torch.load(tmp_path / f"one.{lt}.rank0") for lt in loss_types.split(",")}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes" / "accelerate" / "2proc-1node.yaml"),
-              "--main_process_port", str(_free_port()), str(WORKER), tiny_model_dir, str(tmp_path / "two"), loss_type, mode]
+              "--main_process_port", str(_free_port()), str(WORKER), tiny_model_dir, str(tmp_path / "two"), loss_types, mode]
     two = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    return torch.load(tmp_path / "one.rank0"), [torch.load(tmp_path / f"two.rank{r}") for r in (0, 1)]
+    return _ONE_PROCESS[key], {lt: [torch.load(tmp_path / f"two.{lt}.rank{r}") for r in (0, 1)] for lt in loss_types.split(",")}
+
+
+@pytest.fixture(scope="module")
+def ddp_steps(tiny_model_dir, tmp_path_factory):
+    """Both loss types in one launch (a launch is ~7 s of start-up)."""
+    return _worker(tiny_model_dir, tmp_path_factory.mktemp("ddp"), "grpo,token_mean", "ddp")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_type", ["grpo", "token_mean"])
-def test_two_ranks_take_the_one_process_step(tiny_model_dir, tmp_path, loss_type):
-    ref, ranks = _worker(tiny_model_dir, tmp_path, loss_type, "ddp")
+def test_two_ranks_take_the_one_process_step(ddp_steps, loss_type):
+    ref, ranks = ddp_steps[0][loss_type], ddp_steps[1][loss_type]
     assert ref["world"] == 1 and [r["world"] for r in ranks] == [2, 2]
     _assert_same_step(ref, ranks)
+
+
+@pytest.mark.slow
+def test_the_loss_types_take_different_steps(ddp_steps):
+    """The worker restores the adapter between its loss types: each step
+    starts from the same weights, and the two objectives move them apart."""
+    ref = ddp_steps[0]
+    assert ref["grpo"]["start"] == ref["token_mean"]["start"]
+    gap = max((ref["grpo"]["state"][k] - v).abs().max().item() for k, v in ref["token_mean"]["state"].items())
+    assert gap > 100 * STEP_ATOL
 
 
 @pytest.mark.slow
@@ -134,7 +160,7 @@ def test_a_sharded_base_takes_the_same_step_and_keeps_the_ranks_in_step(tiny_mod
     work (3 and 2 groups, 3 and 2 one-row generate batches) the ranks'
     forwards stay in step through dummies, and generation, forced-choice
     scores and the GRPO step equal one unsharded process."""
-    ref, ranks = _worker(tiny_model_dir, tmp_path, "grpo", "fsdp")
+    ref, ranks = (x["grpo"] for x in _worker(tiny_model_dir, tmp_path, "grpo", "fsdp"))
     assert not ref["sharded"] and all(r["sharded"] for r in ranks)
     _assert_same_step(ref, ranks)
     for r in ranks:
@@ -157,12 +183,11 @@ def test_a_sharded_base_takes_the_same_step_and_keeps_the_ranks_in_step(tiny_mod
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("wrong", ["dropped", "doubled"])
-def test_a_wrong_sharding_fails_the_step_comparison(tiny_model_dir, tmp_path, wrong):
+def test_a_wrong_sharding_fails_the_step_comparison(tiny_model_dir, tmp_path):
     """The companion of the test above: with rank 1's shard of one weight
-    lost (zeroed) or counted twice, the same comparison must fail, by far
-    more than the tolerance."""
-    ref, ranks = _worker(tiny_model_dir, tmp_path, "grpo", "fsdp", {"LORA_TRIPLAY_WRONG_SHARD": wrong})
+    lost (zeroed), the same comparison must fail, by far more than the
+    tolerance (a shard counted twice: test_a_wrong_sharding_fails_the_run_comparison)."""
+    ref, ranks = (x["grpo"] for x in _worker(tiny_model_dir, tmp_path, "grpo", "fsdp", {"LORA_TRIPLAY_WRONG_SHARD": "dropped"}))
     assert all(r["sharded"] for r in ranks)
     with pytest.raises(AssertionError):
         _assert_same_step(ref, ranks)

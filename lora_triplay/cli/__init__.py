@@ -4,8 +4,9 @@
     infer.py       export, play, chat, serve
     evaluation.py  eval, report
 
-torch and transformers are imported inside the commands, so `--help` and
-recipe checks are instant. Known user errors print one line and exit with
+torch and transformers are imported inside the commands that load a model,
+so `--help`, `validate` and `plan` take well under a second (tests/test_cli.py
+checks that they import neither). Known user errors print one line and exit with
 code 2; `--debug` shows the traceback instead.
 """
 from __future__ import annotations
@@ -64,16 +65,23 @@ def usage_error_line(exc: click_errors.UsageError) -> str:
     return f"error: {exc.format_message().rstrip('.')}; see `{where} --help`"
 
 
-def skip_assisted_generation_imports() -> None:
-    """transformers imports scikit-learn (and with it scipy) at start-up
-    whenever it is installed, for assisted generation's confidence threshold;
-    sentence-transformers installs it, and no lora-triplay command generates
-    with an assistant. Telling transformers it is absent saves ~0.5 s of every
-    command that loads a model (bench/bench_cli_start.py: the imports 5.42 ->
-    4.88 s, 2026-12-06). Only the commands that load a model do it
-    (importing transformers.utils costs what it saves: `--help` 0.18 -> 1.2 s),
-    before transformers loads: a library user's process is left as it is,
-    and a transformers without these names too."""
+# What transformers imports at start-up only because it is installed, for
+# code lora-triplay never runs: scikit-learn for assisted generation's
+# confidence threshold, scipy.optimize for the object-detection losses
+# (linear_sum_assignment), both pulled in by modeling_utils.
+UNUSED_BY_TRANSFORMERS = ("is_sklearn_available", "is_scipy_available")
+
+
+def skip_unused_transformers_imports() -> None:
+    """sentence-transformers installs scikit-learn and scipy, and
+    transformers then imports them whenever model code loads (~1 s) for
+    assisted generation and the object-detection losses, neither of which a
+    lora-triplay command uses. Telling transformers they are absent saves
+    that on every command that loads a model (bench/bench_cli_start.py).
+    Only those commands do it (importing transformers.utils costs what it
+    saves: `--help` 0.18 -> 1.2 s), before transformers loads: a library
+    user's process is left as it is, and a transformers without these names
+    too. Other packages that import scipy themselves still get it."""
     if "transformers" in sys.modules:
         return
     try:
@@ -82,8 +90,9 @@ def skip_assisted_generation_imports() -> None:
     except ImportError:
         return
     for module in (utils, import_utils):
-        if hasattr(module, "is_sklearn_available"):
-            module.is_sklearn_available = lambda: False
+        for name in UNUSED_BY_TRANSFORMERS:
+            if hasattr(module, name):
+                setattr(module, name, lambda: False)
 
 
 MODEL_COMMANDS = ("run", "eval", "play", "chat", "serve", "export")  # the commands that load transformers' models
@@ -93,7 +102,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     if command in MODEL_COMMANDS:  # not for --help, validate, plan, report: transformers' own import is ~1 s
-        skip_assisted_generation_imports()
+        skip_unused_transformers_imports()
     try:
         code = app(prog_name="lora-triplay", standalone_mode=False)
     except click_errors.NoArgsIsHelpError as exc:  # `lora-triplay plan` alone: the help, as usual

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.base import Request, Sampling
 from ..errors import UserError
-from ..training.grpo import Sample, group_advantages
+from ..training.advantages import Sample, group_advantages
 from .base import Game, StepResult
 
 REASONER = "Solve the math word problem. Think briefly, then end with a line: Answer: <number>"

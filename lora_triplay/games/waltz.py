@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.base import Request, Sampling
 from ..judging.fixed import Case, is_endpoint
-from ..training.grpo import Sample, group_advantages
+from ..training.advantages import Sample, group_advantages
 from ..triplay.judges import make_judge
 from ..triplay.roles import load_basic_prompts
 from .base import Game, StepResult

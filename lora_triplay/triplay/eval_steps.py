@@ -16,7 +16,7 @@ import time
 
 from ..engine.base import Completion, Request
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
-from ..training.grpo import Sample
+from ..training.advantages import Sample
 from ..training.supervised import ChoiceExample
 from .results import mean, rates, reward_stats, step_result
 from .rewards import eval_reward

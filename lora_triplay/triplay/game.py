@@ -17,7 +17,6 @@ from . import defenders as defender_set
 from .config import ROLE_NAMES, DefenderConfig, TriPlaySections
 from .control import PhaseControl
 from .experts import ExpertPanel, build_sources
-from .loop import Phases
 from .rewards import AttackSuccessPool, HashingEncoder, load_sentence_encoder
 from .roles import ROLE_ADAPTERS
 from .rundata import RunData
@@ -118,6 +117,8 @@ class TriPlay(Game):
         self.control = PhaseControl(r.control, r, session.state)
         self.defenders: list[defender_set.Defender] = []
         self.attackers: list[tuple[str, float]] = []  # league members writing blue's prompts (league.py)
+        from .loop import Phases  # here: the phases import torch, and reading a recipe (`validate`) imports this module
+
         self.phases = Phases(self)
 
     def _fixed_blue_judge(self, spec: str):

@@ -22,7 +22,7 @@ from ..judging.kept import keeps_request
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
 from ..judging.quality import degenerate
 from ..judging.refusals import refused
-from ..training.grpo import Sample, assign_advantages
+from ..training.advantages import Sample, assign_advantages
 from .blue_warmup import BlueWarmup
 from .config import DefenderConfig
 from .eval_steps import EvalSteps
@@ -310,7 +310,7 @@ class Phases:
 
     def _set_advantages(self, samples: list[Sample], role: str) -> dict[str, float]:
         """Advantages with the recipe's scaling and the role's minimum spread;
-        returns the step's GRPO diagnostics (grpo.assign_advantages)."""
+        returns the step's GRPO diagnostics (advantages.assign_advantages)."""
         cfg = self.game.recipe.grpo
         own = getattr(self.game.recipe.phases, role).min_reward_std
         return assign_advantages(samples, cfg if own is None else cfg.model_copy(update={"min_reward_std": own}))
