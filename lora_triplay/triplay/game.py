@@ -2,7 +2,8 @@
 requests, blue answers, eval labels; each trained in turn with GRPO.
 
 This module is the game's side of the core (games/base.py); the phases
-themselves are loop.py, the data rundata.py, the rewards rewards/, and the
+themselves are loop.py (with red_steps.py, eval_steps.py and
+blue_warmup.py), the data rundata.py, the rewards rewards/, and the
 options beyond the paper control.py and league.py. Its settings are the
 recipe's own sections (phases, rewards, defenders, experts, data, control,
 league), so every TriPlay recipe reads as it always did.
