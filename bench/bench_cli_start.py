@@ -11,11 +11,12 @@ alike, the imports a model-loading command makes with and without that skip,
 and the commands that load no model (`--help`, `validate`, `plan`: they must
 stay light, importing neither torch nor transformers).
 
-    python bench/bench_cli_start.py [--repeats 5] [--out FILE]
+    python bench/bench_cli_start.py [--repeats 5] [--out FILE] [--baseline OLD_CHECKOUT]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -37,11 +38,15 @@ CASES = {
     "lora-triplay plan recipes/14b.yaml": ("import sys; sys.argv = ['lora-triplay', 'plan', 'recipes/14b.yaml']; "
                                            "from lora_triplay.cli import main; main()"),
 }
+NO_MODEL = ("lora-triplay --help", "lora-triplay validate recipes/*.yaml", "lora-triplay plan recipes/14b.yaml")
+BASELINE = " [baseline]"
 
 
-def wall(code: str) -> float:
+def wall(code: str, tree: Path = ROOT) -> float:
+    """One fresh process running `code` on the lora_triplay of `tree`."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=tree, env=env)
     return time.perf_counter() - t0
 
 
@@ -49,19 +54,29 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout (e.g. a `git worktree` of an older commit): its no-model commands are timed "
+                         "beside this one's, alternated")
     args = ap.parse_args(argv)
-    names = list(CASES)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    runs = [(name, CASES[name], ROOT) for name in CASES]
+    if args.baseline:
+        runs += [(name + BASELINE, CASES[name], args.baseline.resolve()) for name in NO_MODEL]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     for k in range(args.repeats + 1):  # the first round fills the page cache and is not kept
-        for name in names[:: 1 if k % 2 else -1]:
-            seconds = wall(CASES[name])
+        for name, code, tree in runs[:: 1 if k % 2 else -1]:
+            seconds = wall(code, tree)
             if k:
                 times[name].append(round(seconds, 3))
     med = {name: round(statistics.median(t), 3) for name, t in times.items()}
+    names = list(CASES)
     plain, skipped = med[names[0]], med[names[1]]
     result = {"repeats": args.repeats, "seconds": times, "median_seconds": med,
               "saved_seconds": round(plain - skipped, 3), "ratio_skipped_to_plain": round(skipped / plain, 3)}
-    for name in names:
+    if args.baseline:
+        commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        result["baseline"] = {"tree": str(args.baseline), "commit": commit or None,
+                              "ratio_to_baseline": {n: round(med[n] / med[n + BASELINE], 3) for n in NO_MODEL}}
+    for name in times:
         print(f"{name}: {med[name]:.2f} s")
     print(f"saved {result['saved_seconds']:.2f} s a model-loading command (x{result['ratio_skipped_to_plain']})")
     if args.out:

@@ -68,7 +68,7 @@ def main(base: str, out: str, loss_types: str, mode: str = "ddp") -> None:
             for k, v in adapter.items():
                 v.copy_(start[k])
                 v.grad = None
-        begin = sum(v.detach().abs().sum().item() for v in adapter.values())
+        begin = {k: v.detach().clone() for k, v in adapter.items()}  # what this step starts from
         learner = GrpoLearner(model, params, GrpoConfig(loss_type=loss_type, beta=0.04, max_new_tokens=8, max_tokens_per_microbatch=16),
                               lr=1e-2, pad_id=tok.pad_token_id, collective=collective)
         stats = learner.step(local)

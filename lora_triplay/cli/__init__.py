@@ -74,14 +74,16 @@ UNUSED_BY_TRANSFORMERS = ("is_sklearn_available", "is_scipy_available")
 
 def skip_unused_transformers_imports() -> None:
     """sentence-transformers installs scikit-learn and scipy, and
-    transformers then imports them whenever model code loads (~1 s) for
-    assisted generation and the object-detection losses, neither of which a
+    transformers then imports them whenever model code loads, for assisted
+    generation and the object-detection losses, neither of which a
     lora-triplay command uses. Telling transformers they are absent saves
-    that on every command that loads a model (bench/bench_cli_start.py).
-    Only those commands do it (importing transformers.utils costs what it
-    saves: `--help` 0.18 -> 1.2 s), before transformers loads: a library
-    user's process is left as it is, and a transformers without these names
-    too. Other packages that import scipy themselves still get it."""
+    ~0.6 s of a command that loads a model (bench/bench_cli_start.py), where
+    nothing else imports them: a run whose reward loads sentence-transformers
+    (`rewards.embedding_model`) imports both through it, and saves nothing.
+    Only the model-loading commands do it (importing transformers.utils costs
+    what it saves: `--help` 0.18 -> 1.2 s), before transformers loads: a
+    library user's process is left as it is, and a transformers without
+    these names too."""
     if "transformers" in sys.modules:
         return
     try:
