@@ -45,7 +45,7 @@ def refusal_advantage(rows: list[dict], reward, scale: str, min_std: float) -> d
     with blue's groups (one step's answers to one prompt) and the trainer's
     own advantage function (training/grpo.py), so the numbers are the ones
     a step would use."""
-    from lora_triplay.training.grpo import group_advantages
+    from lora_triplay.training.advantages import group_advantages
 
     keys: dict[tuple, int] = {}
     groups = [keys.setdefault((r["step"], r["prompt"]), len(keys)) for r in rows]

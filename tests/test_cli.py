@@ -107,3 +107,12 @@ def test_start_bench_alternates_the_cases_and_reports_the_saving(tmp_path, monke
     assert len(order) == 3 * 5 and order[:5] == order[5:10][::-1]  # the warm round, then alternating
     assert all(len(t) == 2 for t in got["seconds"].values())
     assert got["saved_seconds"] == 1.0 and got["ratio_skipped_to_plain"] == round(5 / 6, 3)
+
+    # --baseline: the no-model commands also run in another checkout, in the same alternation
+    trees = []
+    monkeypatch.setattr(bench_cli_start, "wall", lambda code, tree=None: trees.append(tree) or cost[code] * (2 if tree == tmp_path else 1))
+    assert bench_cli_start.main(["--repeats", "2", "--baseline", str(tmp_path), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert trees.count(tmp_path) == 3 * len(bench_cli_start.NO_MODEL) and len(trees) == 3 * (5 + 3)
+    assert got["baseline"]["ratio_to_baseline"] == {name: 0.5 for name in bench_cli_start.NO_MODEL}
+    assert got["baseline"]["commit"] is None  # not a git checkout

@@ -9,7 +9,8 @@ import torch
 from lora_triplay.core.distributed import Collective
 from lora_triplay.model import activate, adapter_parameters
 from lora_triplay.recipe import GrpoConfig
-from lora_triplay.training.grpo import GrpoLearner, Sample, group_advantages
+from lora_triplay.training.advantages import group_advantages
+from lora_triplay.training.grpo import GrpoLearner, Sample
 
 EPS = 1e-4
 

@@ -11,12 +11,8 @@ import torch
 
 from lora_triplay.model import activate
 from lora_triplay.recipe import GrpoConfig
-from lora_triplay.training.grpo import (
-    GrpoLearner,
-    Sample,
-    assign_advantages,
-    group_advantages,
-)
+from lora_triplay.training.advantages import Sample, assign_advantages, group_advantages
+from lora_triplay.training.grpo import GrpoLearner
 
 EPS = 1e-4
 

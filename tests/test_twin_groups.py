@@ -138,7 +138,7 @@ def test_an_anchored_refusal_keeps_its_own_requests_advantage(role_model):
     sample was pushed down by the twins' higher rewards."""
     from lora_triplay.engine.hf import HFEngine
     from lora_triplay.recipe import LoraConfig
-    from lora_triplay.training.grpo import group_advantages
+    from lora_triplay.training.advantages import group_advantages
     from lora_triplay.triplay.roles import warmup_opening
 
     model, tok = role_model

@@ -297,7 +297,7 @@ def test_sync_after_optimizer_step(stack):
         for g, cs in enumerate(comps):
             for s_i, c in enumerate(cs):
                 samples.append(Sample(c.prompt_ids, c.token_ids, g, float(s_i)))
-        from lora_triplay.training.grpo import group_advantages
+        from lora_triplay.training.advantages import group_advantages
 
         for s, a in zip(samples, group_advantages([s.reward for s in samples], [s.group for s in samples])):
             s.advantage = a

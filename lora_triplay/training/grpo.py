@@ -41,7 +41,7 @@ from ..core.distributed import Collective
 from ..core.faults import crash_point
 from ..recipe import GrpoConfig
 from . import supervised
-from .advantages import Sample, assign_advantages, group_advantages  # noqa: F401  (re-exported: games and tests import them from here)
+from .advantages import Sample
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
 from .frozen_linears import onednn_training
 from .logprobs import LogprobComputer, logit_transform
