@@ -37,6 +37,7 @@ START_FAILURES = (
     ("out of memory", "lower vLLM's share (`-- --gpu-memory-utilization 0.5`) or --max-model-len"),
     ("Address already in use", "another server holds the port: pick another with --port"),
     ("max_lora_rank", "the run's lora.rank is larger than vLLM supports"),
+    ("unrecognized arguments", "an argument after `--` is not one of vLLM's (see `vllm serve --help`)"),
 )
 
 
@@ -135,6 +136,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail now, in one line, where the server could not listen: vLLM would
+    say so only after ~12 s of imports, in a log."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ModelError(f"port {port} on {host} is in use (another server?): pick another with --port") from None
+            raise ModelError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port") from None
 
 
 def server_env() -> dict[str, str]:

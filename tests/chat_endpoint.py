@@ -48,3 +48,7 @@ class ChatEndpoint:
     @property
     def bodies(self) -> list[dict]:
         return [s["body"] for s in self.seen]
+
+
+# the endpoint judge the tests share (conftest's `endpoint` fixture serves it)
+CANNED = ChatEndpoint("Label: negative")

@@ -35,3 +35,16 @@ def role_model(tiny_model_dir):
     randomize_lora_b(model, seed=1, scale=0.5)
     model.eval()
     return model, tok
+
+
+@pytest.fixture()
+def endpoint(monkeypatch):
+    """chat_endpoint.CANNED (a judge that always answers `Label: negative`)
+    served on loopback, its record cleared, with a key in the judges'
+    environment variable: the URL."""
+    from chat_endpoint import CANNED
+
+    monkeypatch.setenv("LORA_TRIPLAY_JUDGE_API_KEY", "sk-test-SECRET-8c1f")
+    CANNED.seen, CANNED.status = [], 200
+    with CANNED.serving() as url:
+        yield url

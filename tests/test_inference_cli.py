@@ -390,6 +390,23 @@ def test_a_failed_server_start_names_the_cause_in_its_error_lines():
     assert explain_failure(["INFO starting", "INFO killed"], 137).endswith("see the full log")
 
 
+def test_a_port_nothing_can_listen_on_is_refused_before_vllm():
+    import socket
+
+    from lora_triplay.bases import ModelError
+    from lora_triplay.serve import check_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        held.listen(1)
+        with pytest.raises(ModelError, match=f"port {port} on 127.0.0.1 is in use.*--port"):
+            check_port("127.0.0.1", port)
+    check_port("127.0.0.1", port)  # free again
+    with pytest.raises(ModelError, match="cannot listen on 192.0.2.1"):  # TEST-NET-1: no interface has it
+        check_port("192.0.2.1", port)
+
+
 def test_serve_without_vllm_prints_command_and_install_hint(tiny_run, monkeypatch):
     import lora_triplay.serve as serve
 

@@ -1,5 +1,5 @@
 """`lora-triplay report` on a hand-written run folder: series, boundaries,
-tables, PNGs; no model needed (the tiny-run report test is in test_evaluate)."""
+tables, PNGs; no model needed (the tiny-run report test is in test_eval_command)."""
 from __future__ import annotations
 
 import json

@@ -133,13 +133,23 @@ def test_serve_runs_waltz_as_one_model(run32, tmp_path):
 
 
 def test_a_server_that_cannot_start_is_one_line(run32):
-    port = _free_port()
-    with socket.socket() as held:  # the port is taken: vLLM cannot bind it
-        held.bind(("127.0.0.1", port))
-        held.listen(1)
-        proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", "serve", str(run32), "--port", str(port), "--",
-                               "--max-model-len", "1024"], env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", "serve", str(run32), "--port", str(_free_port()), "--",
+                           "--max-model-len", "1024", "--no-such-vllm-flag"], env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "vLLM did not start" in errors[0] and "full log" in errors[0]
+    assert len(errors) == 1 and "vLLM did not start" in errors[0] and "full log" in errors[0], proc.stderr[-2000:]
+    assert "--no-such-vllm-flag" in errors[0] and "not one of vLLM's" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_taken_port_fails_before_vllm_starts(run32):
+    port = _free_port()
+    with socket.socket() as held:  # another server holds the port
+        held.bind(("127.0.0.1", port))
+        held.listen(1)
+        proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", "serve", str(run32), "--port", str(port)],
+                              env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"port {port} on 127.0.0.1 is in use" in errors[0] and "--port" in errors[0]
+    assert "starting:" not in proc.stderr and "Traceback" not in proc.stderr  # vLLM was never launched

@@ -269,7 +269,13 @@ def serve(
         raise typer.Exit(2)
     import tempfile
 
-    from ..serve import run_server
+    from ..serve import check_port, run_server
+
+    try:
+        check_port(host, port)
+    except USER_ERRORS as exc:
+        fail(exc, debug)
+        return
 
     log_path = Path(tempfile.mkdtemp(prefix="lora-triplay-serve-")) / "vllm.log"
     typer.echo(f"starting: {shell_line(cmd)}\n(log until ready: {log_path})", err=True)
