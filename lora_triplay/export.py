@@ -117,10 +117,32 @@ def merge_adapter(base_path: str, adapter_folder: Path, *, device: str = "cpu", 
     return merged, dtype
 
 
-def _check_target(out: Path, force: bool) -> None:
-    if out.exists() and not force:
-        if out.is_file() or any(out.iterdir()):
-            raise ModelError(f"{out} exists and is not empty; pass --force to replace it, or choose another --out")
+def _is_export(folder: Path) -> bool:
+    """An earlier export: one role's folder with our note, or `all`'s folder
+    of such folders."""
+    if (folder / EXPORT_NOTE).is_file():
+        return True
+    entries = list(folder.iterdir())
+    return bool(entries) and all(e.is_dir() and (e / EXPORT_NOTE).is_file() for e in entries)
+
+
+def _check_target(out: Path, force: bool, run_dir: Path) -> None:
+    """`--force` replaces an earlier export, and nothing else: never a file,
+    the run folder, a folder holding it, or a folder of other things."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_file() or not out.is_dir():
+        raise ModelError(f"--out {out} is a file; choose a folder path for the exported model")
+    run, target = run_dir.resolve(), out.resolve()
+    if target == run or target in run.parents:
+        raise ModelError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it, e.g. {run_dir}-export")
+    if not any(out.iterdir()):
+        return
+    if not force:
+        raise ModelError(f"{out} exists and is not empty; pass --force to replace an earlier export, or choose another --out")
+    if not _is_export(out):
+        raise ModelError(f"{out} is not an earlier export (no {EXPORT_NOTE}): --force replaces only exports; "
+                         "choose another --out, or remove the folder yourself")
 
 
 def _readable(root: Path) -> None:
@@ -227,7 +249,7 @@ def export(run_dir: Path, role: str, out: Path, *, iteration: int | None = None,
     store = RunStore(run_dir)
     for name, it in roles:  # fail on a missing snapshot before loading anything
         snapshot_folder(store, name, it)
-    _check_target(out, force)
+    _check_target(out, force, run_dir)
     results = []
 
     def fill(tmp: Path) -> None:

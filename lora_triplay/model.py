@@ -294,17 +294,27 @@ def load_adapter_weights(model, adapter: str, folder: Path, expect_rank: int | N
     except RuntimeError as exc:  # shape mismatch: another base or rank
         first = str(exc).strip().splitlines()[-1][:200]
         raise ModelError(f"{folder}: the adapter does not fit this base model ({first}); was it trained on another base?") from None
-    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-    if missing:
-        raise ModelError(f"{folder}: {len(missing)} adapter tensors do not fit this base (e.g. {missing[0]}); was it trained on "
+    unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if unexpected:
+        raise ModelError(f"{folder}: {len(unexpected)} adapter tensors do not fit this base (e.g. {unexpected[0]}); was it trained on "
                          "another base model, or with other lora.layers / lora.target_modules?")
+    # the slot's own tensors the file lacks would stay as initialised, silently
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k and f".{adapter}." in k]
+    if missing:
+        raise ModelError(f"{folder}: the adapter lacks {len(missing)} of the {adapter!r} slot's tensors (e.g. {missing[0]}); "
+                         "was it trained with other lora.layers / lora.target_modules?")
 
 
 def add_frozen_adapter(model, name: str, folder: Path, lora: LoraConfig) -> None:
-    """Load a past snapshot (e.g. `blue@3`) as an extra, frozen adapter."""
+    """Load a past snapshot (e.g. `blue@3`) as an extra, frozen adapter.
+    PEFT draws the new slot's initial weights from torch's global generator
+    (overwritten at once by the snapshot's): the draw runs on a forked
+    generator, or a resumed run, which loads its snapshots again, would
+    sample other rollouts than the run it resumes."""
     if name in model.peft_config:
         model.delete_adapter(name)
-    model.add_adapter(name, peft_lora_config(lora))
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        model.add_adapter(name, peft_lora_config(lora))
     load_adapter_weights(model, name, folder, expect_rank=lora.rank)
     for p in adapter_parameters(model, name).values():
         p.requires_grad_(False)

@@ -300,7 +300,10 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
     if eval_results is not None:
         if not Path(eval_results).is_file():
             raise UserError(f"{eval_results}: no such results file; write it with `lora-triplay eval ... --out FILE`")
-        results = json.loads(Path(eval_results).read_text(encoding="utf-8"))
+        try:
+            results = json.loads(Path(eval_results).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"{eval_results} is not a results file ({exc}); pass the JSON `lora-triplay eval ... --out FILE` wrote") from None
     if not rows and results is None:
         raise UserError(f"{run_dir}: metrics.jsonl has no rows yet and no --eval results were given; nothing to report")
     out.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,23 @@ def test_kl_to_base_is_positive_when_adapter_differs(role_model):
     assert stats.kl > 1e-4  # random B: the adapter's policy is not the base's
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "token_mean", "dr_grpo"])
+def test_a_dropped_sample_leaves_the_gradient_as_without_it(role_model, loss_type):
+    """Reward None (a malformed judge output) drops the sample: the gradient
+    is the one of the batch without it, in every normaliser, KL on."""
+    model, tok = role_model
+    params = activate(model, "blue")
+    learner = GrpoLearner(model, params, GrpoConfig(loss_type=loss_type, beta=0.1), lr=1e-2, pad_id=tok.pad_token_id)
+    kept = _samples(tok, [1.0, -0.5, -0.5])
+    dropped = Sample(tok.encode("hello there"), tok.encode("a judge said nothing useful"), group=0, reward=None, advantage=0.0)
+    alone = learner.gradients(kept)
+    with_dropped = learner.gradients([*kept, dropped])
+    assert any(g.abs().sum() > 0 for g in alone)
+    for a, b in zip(alone, with_dropped):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+    assert learner.step([dropped]).skipped  # nothing left to learn from
+
+
 def test_non_finite_step_is_skipped_and_weights_kept(role_model):
     model, tok = role_model
     params = activate(model, "red")
@@ -98,6 +115,27 @@ def test_non_finite_step_is_skipped_and_weights_kept(role_model):
     assert stats.skipped and learner.nonfinite_in_a_row == 1
     for p, b in zip(params, before):
         assert torch.equal(torch.nan_to_num(p), torch.nan_to_num(b))
+
+
+def test_a_nan_after_an_applied_update_keeps_it_and_the_step(role_model, monkeypatch):
+    """With several updates per batch, a NaN in a later one must not mark the
+    step skipped: the first update already changed the adapter, and a
+    skipped step is not synced to the engine (vLLM would serve the old one)."""
+    model, tok = role_model
+    params = activate(model, "blue")
+    before = [p.detach().clone() for p in params]
+    learner = GrpoLearner(model, params, GrpoConfig(updates_per_batch=3, beta=0.0), lr=1e-2, pad_id=tok.pad_token_id)
+    real, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def nan_on_second(*a, **k):
+        calls.append(real(*a, **k))
+        return torch.tensor(float("nan")) if len(calls) == 2 else calls[-1]
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", nan_on_second)
+    stats = learner.step(_samples(tok, [1.0, -0.5, -0.5]))
+    assert len(calls) == 2 and not stats.skipped and stats.extra["nonfinite_at_update"] == 1.0
+    assert learner.nonfinite_in_a_row == 0 and learner.updates_done() == 1
+    assert any(not torch.equal(p, b) for p, b in zip(params, before)) and all(torch.isfinite(p).all() for p in params)
 
 
 def test_several_updates_per_batch_clip(role_model):

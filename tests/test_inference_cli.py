@@ -210,6 +210,36 @@ def test_export_snapshot_iteration_and_overwrite(tiny_run, tmp_path, tiny_model_
     assert (empty / "config.json").is_file()
 
 
+def test_export_force_replaces_only_an_earlier_export(tiny_run, exported, tmp_path):
+    """`--force` once replaced whatever --out named: the run folder itself,
+    the folder holding it (every sibling run gone), a plain file."""
+    state = (tiny_run / "state.json").read_bytes()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    (tmp_path / "file.txt").write_text("mine too")
+    cases = [(tiny_run, "holds the run folder"), (tiny_run.parent, "holds the run folder"),
+             (notes, "is not an earlier export"), (tmp_path / "file.txt", "is a file")]
+    for out, needle in cases:
+        result = invoke("export", tiny_run, "--role", "blue", "--out", out, "--force")
+        assert result.exit_code == 2 and needle in result.output, (out, result.output)
+    assert (tiny_run / "state.json").read_bytes() == state
+    assert (notes / "todo.txt").read_text() == "mine" and (tmp_path / "file.txt").read_text() == "mine too"
+    from lora_triplay.export import _is_export
+
+    assert _is_export(exported) and _is_export(exported / "blue") and not _is_export(notes)  # `all`'s folder and one role's
+
+
+def test_what_the_machine_refuses_is_one_line(tiny_run, tmp_path):
+    """An OSError (here a file where --out needs a folder; a read-only or
+    full disk alike) is a one-line error naming the path, not a traceback."""
+    (tmp_path / "file.txt").write_text("a file")
+    result = invoke("export", tiny_run, "--role", "blue", "--out", tmp_path / "file.txt" / "blue")
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "file.txt" in line and "errno" in line and "Traceback" not in result.output
+
+
 def test_export_all_refuses_to_overwrite(tiny_run, exported):
     result = invoke("export", tiny_run, "--role", "all", "--out", exported)
     assert result.exit_code == 2 and "exists and is not empty" in result.output

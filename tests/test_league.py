@@ -14,6 +14,7 @@ from lora_triplay.triplay.league import (
     assign_writers,
     league_defenders,
     member_weights,
+    record_at_phase_start,
     tally,
     win_rate,
 )
@@ -38,6 +39,27 @@ def test_winrate_weights_follow_the_record():
     ds = league_defenders(LeagueConfig(size=2, weight=0.5, sampling="winrate"), DefenderConfig, 4, record)
     assert ds[0].weight > ds[1].weight and sum(d.weight for d in ds) == pytest.approx(0.5)
     assert member_weights(cfg) == pytest.approx([1 / 3] * 3)  # no latest yet: uniform
+
+
+def test_a_phase_weighs_its_members_by_the_record_it_began_with():
+    """The phase's steps add games to the record; a resume inside the phase
+    (the state as last committed, step > 0) must weigh the members as the
+    uninterrupted phase did, by the record at the phase's start."""
+    cfg = LeagueConfig(size=2, weight=0.5, sampling="winrate")
+    state: dict = {"step": 0, "league_record": {"blue@3": [4, 1]}}
+    at_start = record_at_phase_start(state)
+    weights = [d.weight for d in league_defenders(cfg, DefenderConfig, 4, at_start)]
+    tally(state["league_record"], "blue@3", 10, 10)  # the phase's first steps: blue@3 now resists every attack
+    tally(state["league_record"], "blue@2", 6, 0)
+    state["step"] = 2
+    resumed = json.loads(json.dumps(state))  # state.json of the step-2 commit, read back by the resumed run
+    again = record_at_phase_start(resumed)
+    assert again == {"blue@3": [4, 1]} and resumed["league_record"]["blue@3"] == [14, 11]
+    assert [d.weight for d in league_defenders(cfg, DefenderConfig, 4, again)] == pytest.approx(weights)
+    assert [d.weight for d in league_defenders(cfg, DefenderConfig, 4, resumed["league_record"])] != pytest.approx(weights)
+    resumed["step"] = 0  # the next phase starts from the record as it is now
+    assert record_at_phase_start(resumed) == {"blue@3": [14, 11], "blue@2": [6, 0]}
+    assert record_at_phase_start({"step": 3, "league_record": None}) is None  # a run from before the copy: the record as committed
 
 
 def test_league_defenders_split_the_league_weight():

@@ -50,6 +50,37 @@ def test_save_then_load_into_another_slot(role_model, tmp_path):
     assert red.keys() == blue.keys() and all(torch.equal(red[k], blue[k]) for k in red)
 
 
+def test_an_adapter_missing_tensors_is_refused(role_model, tmp_path):
+    """A file without some of the slot's tensors (another lora.layers) would
+    leave those at their initial values: refused, naming one."""
+    from safetensors.torch import load_file, save_file
+
+    model, _ = role_model
+    save_adapter(model, "red", tmp_path, "tiny", atomic_write)
+    state = load_file(str(tmp_path / "adapter_model.safetensors"))
+    save_file({k: v for k, v in state.items() if ".layers.0." not in k}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ModelError, match=r"lacks \d+ of the 'blue' slot's tensors \(e.g. .*layers\.0\."):
+        load_adapter_weights(model, "blue", tmp_path)
+
+
+def test_loading_a_snapshot_draws_nothing_from_torch_generator(role_model, tmp_path):
+    """PEFT initialises a new slot from the global generator: a resumed run
+    loads its snapshots again, so the load must leave the generator as it
+    was, or the resumed run samples other rollouts than the one it resumes."""
+    from lora_triplay.model import add_frozen_adapter
+    from lora_triplay.recipe import LoraConfig
+
+    model, _ = role_model
+    save_adapter(model, "blue", tmp_path, "tiny", atomic_write)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    add_frozen_adapter(model, "blue@1", tmp_path, LoraConfig(rank=4, alpha=8))
+    assert torch.equal(torch.get_rng_state(), before)
+    snap = {n.replace(".blue@1.", "."): p for n, p in model.named_parameters() if ".blue@1." in n}
+    blue = {n.replace(".blue.", "."): p for n, p in model.named_parameters() if ".blue." in n}
+    assert snap.keys() == blue.keys() and all(torch.equal(snap[k], blue[k]) and not snap[k].requires_grad for k in snap)
+
+
 def test_adapter_from_another_base_is_refused(role_model, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -54,6 +54,10 @@ def _overrides(name: str, folder: Path = ROOT / "recipes") -> list[str]:
     out = [*SMALL, *_small_warm_starts(recipe)]
     if recipe.phases.red.group_size:
         out.append("phases.red.group_size=2")
+    if recipe.rewards.judge_mode == "generate":
+        # the random tiny base never writes `Label: ...`: every judged sample
+        # would be dropped (reward None) and no GRPO update would run
+        out.append("rewards.judge_mode=choice")
     if recipe.rewards.generic_by == "meaning":  # needs a sentence model: the embedded MiniLM, run for real
         out.remove("rewards.embedding_model=hashing")
     return out
@@ -134,11 +138,12 @@ def test_recipe_runs_on_the_tiny_base(names, tiny32, tmp_path):
     assert f"GRPO forward: {expected}" in log
     if recipe.engine.backend == "vllm":
         assert "vLLM engine up" in log
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]  # vLLM's own shutdown at exit included
         # engine.share_base: auto shares the tiny Qwen3 between trainer and vLLM (engine/shared_base.py)
         assert ("one copy" in log) == (recipe.engine.share_base is not False), log[-2000:]
     if any(d.name == "blue@1" for d in recipe.defenders):
-        red2 = rows[3]
-        assert "asr_blue@1" in red2 or red2.get("dropped", 0) > 0, red2
+        red2 = rows[3]  # iteration 2's red met blue@1, unless it was blue itself (blue's one step had a flat group)
+        assert "asr_blue@1" in red2 or red2.get("dropped", 0) > 0 or "defender blue@1 skipped this phase: the same weights as blue" in log, red2
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert state["done"]
 

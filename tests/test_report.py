@@ -121,6 +121,9 @@ def test_report_without_eval_and_errors(run_dir, tmp_path):
     assert result.exit_code == 2 and "no metrics" in result.output
     result = CliRunner().invoke(app, ["report", str(run_dir), "--eval", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "missing.json" in result.output
+    (tmp_path / "cut.json").write_text('{"run": "r", "bench')  # a results file cut short
+    result = CliRunner().invoke(app, ["report", str(run_dir), "--eval", str(tmp_path / "cut.json"), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "cut.json is not a results file" in result.output and "Traceback" not in result.output
 
 
 # The eval results of issue 25: red's OD is a flat line near the top, where

@@ -64,6 +64,31 @@ def _final_state(run: Path) -> dict:
     }
 
 
+def _interrupt(recipe: Path, run_dir: Path) -> None:
+    """Ctrl-C (SIGINT) once the run has committed a step: exit 130 and one
+    line with the command that continues the folder."""
+    import shlex
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("LORA_TRIPLAY_CRASH_AT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "lora_triplay.cli", "run", str(recipe), "--run-dir", str(run_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        state = run_dir / "state.json"
+        if state.is_file() and json.loads(state.read_text())["global_step"] >= 1:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    hint = err.strip().splitlines()[-1]
+    assert hint.startswith("interrupted; the run folder keeps its last committed step. Continue with: lora-triplay run ")
+    assert shlex.split(hint.split("Continue with: ")[1])[2:] == [str(recipe), "--resume", "--run-dir", str(run_dir)]
+
+
 @pytest.fixture(scope="module", params=[1, 3], ids=["commit-every-step", "commit-every-3"])
 def runs(request, tmp_path_factory, tiny_model_dir):
     """Commit every step, and every 3 steps (red runs 4 steps then: one
@@ -81,12 +106,18 @@ def runs(request, tmp_path_factory, tiny_model_dir):
     reference = _cli(recipe, root / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     killed = root / "killed"
+    if every == 1:  # the run starts with a Ctrl-C: the hint names the command that continues it
+        _interrupt(recipe, killed)
     lost_steps = 0  # metrics rows written after the last commit, which the resume must redo
     for i, crash in enumerate(CRASHES):
-        proc = _cli(recipe, killed, *(["--resume"] if i else []), crash=crash)
+        proc = _cli(recipe, killed, *(["--resume"] if i or every == 1 else []), crash=crash)
         assert proc.returncode == -signal.SIGKILL, f"{crash}: expected a SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
         committed = json.loads((killed / "state.json").read_text())["counts"]["metrics"]
         lost_steps += len((killed / "metrics.jsonl").read_text().splitlines()) - committed
+        if i == 1:  # a kill inside an append leaves half a row after the committed ones
+            for name in ("asp", "transcripts"):
+                with open(killed / f"{name}.jsonl", "a", encoding="utf-8") as f:
+                    f.write('{"text": "a row the kill cut sh')
     if every > 1:
         assert lost_steps > 0, "no kill fell between two commits: the cadence was not exercised"
     final = _cli(recipe, killed, "--resume")
@@ -152,9 +183,13 @@ def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, t
     state = json.loads((killed / "state.json").read_text())
     assert (state["phase"], state["step"]) == ("red", 1)
     after_one = load_file(str(killed / state["checkpoints"]["red"] / "adapter_model.safetensors"))
-    same, faster = tmp_path / "same", tmp_path / "faster"
+    same, faster, damaged = tmp_path / "same", tmp_path / "faster", tmp_path / "damaged"
     shutil.copytree(killed, same)
     shutil.copytree(killed, faster)
+    shutil.copytree(killed, damaged)
+    (damaged / state["checkpoints"]["red"] / "optimizer.safetensors").unlink()  # resumed, red's AdamW would restart from nothing
+    proc = _cli(recipe, damaged, "--resume")
+    assert proc.returncode == 2 and "has no optimizer state" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert _cli(recipe, same, "--resume").returncode == 0
     proc = _cli(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -164,3 +199,14 @@ def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, t
         return sum((red[k] - v).abs().sum().item() for k, v in after_one.items())
 
     assert moved(faster) > 20 * moved(same) > 0
+    # the run now goes on under the new recipe: recipe.yaml says so, the old one stays beside it
+    assert "lr: 0.05" in (faster / "recipe.yaml").read_text()
+    assert [p.name for p in faster.glob("recipe.prev-*.yaml")] == ["recipe.prev-000001.yaml"]
+    assert "lr: 0.001" in (faster / "recipe.prev-000001.yaml").read_text()
+    # a finished run given more iterations goes on from the next iteration
+    assert json.loads((faster / "state.json").read_text())["done"]
+    proc = _cli(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2", "iterations=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    state = json.loads((faster / "state.json").read_text())
+    assert state["done"] and state["iteration"] == 2 and (faster / "red" / "iter-0002").is_dir()
+    assert "iterations: 2" in (faster / "recipe.yaml").read_text()

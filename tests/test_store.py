@@ -28,6 +28,46 @@ def test_jsonl_truncate_to_committed_count(tmp_path):
     assert [r["step"] for r in store.read_jsonl("metrics")] == [1, 2]
 
 
+def test_an_append_cut_short_is_dropped_not_parsed(tmp_path):
+    """A kill in the middle of an append leaves half a row after the
+    committed ones: resume cuts it away (it used to fail to parse it, so the
+    run could never resume), and readers skip it meanwhile."""
+    store = RunStore(tmp_path / "run").create()
+    store.append_jsonl("transcripts", [{"step": 1, "text": "é" * 10}, {"step": 2}])
+    committed = store.path("transcripts.jsonl").read_bytes()
+    with open(store.path("transcripts.jsonl"), "ab") as f:
+        f.write(b'{"step": 3, "text": "an answer cut sh')
+    assert [r["step"] for r in store.read_jsonl("transcripts")] == [1, 2]
+    store.truncate_jsonl("transcripts", 2)
+    assert store.path("transcripts.jsonl").read_bytes() == committed  # byte for byte
+    store.append_jsonl("transcripts", [{"step": 3}])
+    assert [r["step"] for r in store.read_jsonl("transcripts")] == [1, 2, 3]
+
+
+def test_a_file_shorter_than_its_commit_is_refused(tmp_path):
+    from lora_triplay.errors import UserError
+
+    store = RunStore(tmp_path / "run").create()
+    store.append_jsonl("asp", [{"prompt": "a"}])
+    with pytest.raises(UserError, match="asp.jsonl holds 1 complete rows but the run's last commit counted 3"):
+        store.truncate_jsonl("asp", 3)
+    assert store.read_jsonl("asp") == [{"prompt": "a"}]  # nothing cut
+    store.truncate_jsonl("missing", 0)  # a file the run never wrote: nothing to keep
+    with pytest.raises(UserError, match="missing.jsonl holds 0 complete rows"):
+        store.truncate_jsonl("missing", 1)
+
+
+def test_a_damaged_state_file_is_one_clear_error(tmp_path):
+    from lora_triplay.errors import UserError
+
+    store = RunStore(tmp_path / "run").create()
+    store.commit({"iteration": 1, "step": 3})
+    assert store.load_state()["step"] == 3
+    store.path("state.json").write_text('{"iteration": 1, "st')
+    with pytest.raises(UserError, match="state.json is not valid JSON .*the run folder is damaged"):
+        store.load_state()
+
+
 def test_run_folder_is_private(tmp_path):
     store = RunStore(tmp_path / "run").create()
     assert (store.root.stat().st_mode & 0o777) == 0o700

@@ -113,9 +113,10 @@ def main() -> None:
     except click_errors.UsageError as exc:
         typer.secho(usage_error_line(exc), fg=typer.colors.RED, err=True)
         code = EXIT_USER_ERROR
-    except (KeyboardInterrupt, typer.Abort):
-        typer.echo("interrupted; resume with --resume --run-dir <run folder>", err=True)
+    except (KeyboardInterrupt, typer.Abort):  # typer turns Ctrl-C into exit code 130 itself; older versions raised
         code = 130
+    if code == 130 and command != "run":  # `run` says how to continue its folder
+        typer.echo("interrupted", err=True)
     if "torch" in sys.modules:  # only commands that ran a model can hold a process group
         from ..core.distributed import leave_process_group
 

@@ -13,16 +13,26 @@ import typer
 from ..errors import UserError
 
 EXIT_USER_ERROR = 2
-# What a user can fix: one line, exit code 2. FileNotFoundError covers paths
-# that a library checks before we can word it.
-USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
+# What a user can fix: one line, exit code 2. OSError covers what the
+# machine refuses, often inside a library before we can word it: a missing
+# path, a read-only or full disk, a folder where a file should be, a refused
+# connection to an endpoint.
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, OSError)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for the error: ours say what to do; the machine's name the
+    path and the reason."""
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror} (errno {exc.errno}); check the path, its permissions and the disk's free space"
+    return str(exc)
 
 
 def fail(exc: BaseException, debug: bool) -> None:
     """Print a user error as one line and exit with 2 (`--debug`: re-raise)."""
     if debug:
         raise exc
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    typer.secho(f"error: {describe(exc)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(EXIT_USER_ERROR)
 
 

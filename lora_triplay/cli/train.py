@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -67,6 +68,12 @@ def run(
                           quiet=follower)
     except USER_ERRORS as exc:
         fail(exc, debug)
+    except KeyboardInterrupt:  # Ctrl-C: the last commit stands; say how to go on from it
+        again = ["lora-triplay", "run", str(recipe_path), *(overrides or []), "--resume", "--run-dir", str(folder)]
+        if allow_recipe_change:
+            again.append("--allow-recipe-change")
+        typer.echo(f"interrupted; the run folder keeps its last committed step. Continue with: {shlex.join(again)}", err=True)
+        raise typer.Exit(130) from None
 
 
 def validate(

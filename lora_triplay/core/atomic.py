@@ -53,6 +53,10 @@ def write_folder(target: Path, fill: Callable[[Path], None], existing: str = "re
             if file.is_file():
                 with open(file, "rb") as f:
                     os.fsync(f.fileno())
+        # and the folders' entries: the rename, then state.json naming the
+        # folder, must not reach the disk before the names inside it
+        for folder in [*(d for d in tmp.rglob("*") if d.is_dir()), tmp]:
+            fsync_dir(folder)
         if target.exists() or target.is_symlink():
             if existing == "keep":
                 shutil.rmtree(tmp)

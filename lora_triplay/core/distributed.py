@@ -17,6 +17,7 @@ step as one process on the whole batch.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Sequence, TypeVar
 
 import torch
@@ -34,6 +35,15 @@ def leave_process_group(ok: bool) -> None:
     the others)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
+    if launched_world_size() <= 1:
+        # one process: the group is vLLM's (it starts one for its model
+        # parallel state), and its engine's shutdown at exit tears it down;
+        # destroyed here first, that shutdown failed with a traceback after
+        # every run on the vLLM engine ("Invalid process group specified")
+        return
+    vllm_state = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_state is not None and vllm_state.model_parallel_is_initialized():
+        vllm_state.destroy_model_parallel()  # its groups before the default one they hang on
     if ok:
         torch.distributed.barrier()
     torch.distributed.destroy_process_group()

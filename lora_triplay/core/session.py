@@ -121,6 +121,8 @@ class Session:
             if state.get("version") != STATE_VERSION:
                 raise RunError(f"{run_dir} was written by another version of lora-triplay (state version {state.get('version')}, "
                                f"this one reads {STATE_VERSION}); finish it with that version or start a new run")
+            if changed:
+                cls._accept_recipe(store, state, recipe, game, changed, collective.main)
         else:
             if had_state:
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
@@ -238,7 +240,9 @@ class Session:
         for role, adapter in self.game.roles.items():
             folder = store.path(st["checkpoints"][role])
             load_adapter_weights(self.model, adapter, folder, expect_rank=self.recipe.lora.rank)
-            store.load_optimizer(folder, self.learners[role].optimizer)
+            if not store.load_optimizer(folder, self.learners[role].optimizer):  # every checkpoint is written with one
+                raise RunError(f"{folder} has no optimizer state (optimizer.safetensors): the run folder is damaged, and a "
+                               f"resume would restart {role}'s AdamW from nothing; restore the file, or start the run afresh")
             self.learners[role].nonfinite_in_a_row = st["nonfinite"][role]
             self.engine.sync_adapter(adapter)
             store.prune(role, keep=folder)  # checkpoints written after the last commit
@@ -269,6 +273,24 @@ class Session:
         crash_point("commit")
         self.store.commit(self.state)
         self.collective.barrier()  # what rank 0 wrote is there before any rank reads it
+
+    @staticmethod
+    def _accept_recipe(store, state: dict, recipe: Recipe, game, changed: list[str], main: bool) -> None:
+        """--resume --allow-recipe-change: the run goes on under the new
+        recipe, so recipe.yaml becomes it (the next resume, `report` and
+        `eval` read it) and the old one stays beside it as
+        recipe.prev-<global step>.yaml; more iterations than a finished run
+        had extend it from the next iteration's first phase."""
+        log.warning("resuming under a changed recipe: %s", "; ".join(changed))
+        prev = f"recipe.prev-{state['global_step']:06d}.yaml"
+        if main:
+            if not store.path(prev).exists():  # a second change before any step keeps the recipe the steps ran under
+                store.write_text(prev, store.path("recipe.yaml").read_text())
+            store.write_text("recipe.yaml", recipe.dump())
+        if state["done"] and recipe.iterations > state["iteration"]:
+            nxt = state["iteration"] + 1
+            state.update(done=False, iteration=nxt, phase=game.phases_of(nxt)[0], step=0)
+            log.warning("the finished run goes on to iteration %d of %d", nxt, recipe.iterations)
 
     # ----------------------------------------------------------------- run
     def run(self) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from ..errors import UserError
 from .atomic import write_file, write_folder
 from .faults import crash_point
 
@@ -70,35 +71,54 @@ class RunStore:
         return len(lines)
 
     def read_jsonl(self, name: str) -> list[dict]:
-        file = self.path(f"{name}.jsonl")
-        if not file.is_file():
-            return []
-        with open(file, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return list(self.iter_jsonl(name))
 
     def iter_jsonl(self, name: str):
-        """Rows one at a time (the pools rebuilt on resume can be large)."""
+        """Rows one at a time (the pools rebuilt on resume can be large). A
+        last line without its newline is an append a crash cut short (every
+        row is written with one): never committed, so not a row."""
         file = self.path(f"{name}.jsonl")
         if not file.is_file():
             return
-        with open(file, encoding="utf-8") as f:
+        with open(file, "rb") as f:
             for line in f:
+                if not line.endswith(b"\n"):
+                    return
                 if line.strip():
                     yield json.loads(line)
 
     def truncate_jsonl(self, name: str, count: int) -> None:
-        """Keep the first `count` rows: the ones the last commit counted."""
-        rows = self.read_jsonl(name)
-        if len(rows) != count:
-            body = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows[:count])
-            atomic_write(self.path(f"{name}.jsonl"), body.encode("utf-8"))
+        """Keep the first `count` rows, the ones the last commit counted, byte
+        for byte. The lines after them are not parsed: a crash in the middle
+        of an append leaves half a row there."""
+        file = self.path(f"{name}.jsonl")
+        kept = rows = 0
+        if file.is_file():
+            with open(file, "rb") as f:
+                for line in f:
+                    if rows == count or not line.endswith(b"\n"):
+                        break
+                    kept += len(line)
+                    rows += bool(line.strip())
+        if rows < count:
+            raise UserError(f"{file} holds {rows} complete rows but the run's last commit counted {count}: the run folder "
+                            "was edited or damaged since; restore the file from a copy, or start the run afresh")
+        if file.is_file() and file.stat().st_size != kept:
+            with open(file, "r+b") as f:
+                f.truncate(kept)
+                f.flush()
+                os.fsync(f.fileno())
 
     # ---------------------------------------------------------------- state
     def has_state(self) -> bool:
         return self.path("state.json").is_file()
 
     def load_state(self) -> dict:
-        return self.read_json("state.json")
+        try:
+            return self.read_json("state.json")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # written atomically: only an edit or a bad disk does this
+            raise UserError(f"{self.path('state.json')} is not valid JSON ({exc}): the run folder is damaged; restore the "
+                            "file from a copy, or start the run afresh") from None
 
     def commit(self, state: dict) -> None:
         self.write_json("state.json", state)

@@ -155,8 +155,11 @@ class GrpoLearner:
         return completion_logprobs(self.model, part, self.pad_id, layout, self.computer, with_entropy=with_entropy)
 
     def _learns_from(self, s: Sample) -> bool:
-        """Whether a sample enters the loss (and its normaliser)."""
-        if not s.completion_ids:
+        """Whether a sample enters the loss (and its normaliser). A dropped
+        sample (reward None: the judge's output was malformed) does not: with
+        advantage 0 it would still dilute every other sample's weight and
+        pull its completion towards the base through the KL term."""
+        if not s.completion_ids or s.reward is None:
             return False
         if self.cfg.mask_truncated and s.truncated:
             return False
@@ -218,7 +221,8 @@ class GrpoLearner:
             totals["kl"] += (kl.detach() * cmask).sum().item()
             if out.entropy is not None:
                 totals["entropy"] += (out.entropy * cmask).sum().item()
-            totals["clip"] += (((ratio.detach() - 1).abs() > eps_low).float() * cmask).sum().item()
+            r = ratio.detach()
+            totals["clip"] += (((r < 1 - eps_low) | (r > 1 + eps_high)).float() * cmask).sum().item()  # outside the clip range
         return totals
 
     def gradients(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -273,6 +277,12 @@ class GrpoLearner:
             if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
                 # Never let a NaN reach the adapter (or the snapshot on disk).
                 self.optimizer.zero_grad(set_to_none=True)
+                if update:  # the earlier updates changed the adapter: keep them, and the step counts as taken
+                    stats.extra["nonfinite_at_update"] = float(update)
+                    log.warning("update %d of %d had a non-finite loss or gradient: the step keeps the first %d",
+                                update + 1, cfg.updates_per_batch, update)
+                    self.nonfinite_in_a_row = 0
+                    return
                 self.nonfinite_in_a_row += 1
                 stats.skipped = True
                 break

@@ -140,12 +140,13 @@ class TriPlay(Game):
 
     def phase_start(self, iteration: int, phase: str) -> None:
         r, st = self.recipe, self.state
+        record = league.record_at_phase_start(st)
         if phase == "red":
             blues = self.store.snapshots("blue")
-            members = league.league_defenders(r.league, DefenderConfig, max(blues) if blues else 0, st.get("league_record"))
+            members = league.league_defenders(r.league, DefenderConfig, max(blues) if blues else 0, record)
             self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine, self.model_defenders)
         if phase == "blue":
-            self.attackers = league.resolve_attackers(r.league, self.store, self.engine, st.get("league_record"))
+            self.attackers = league.resolve_attackers(r.league, self.store, self.engine, record)
 
     def step(self, phase: str, iteration: int, step: int) -> StepResult:
         self.data.pending = []

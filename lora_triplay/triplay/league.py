@@ -20,6 +20,7 @@ the league members that answered) and blue's `league_refusal_rate` and
 """
 from __future__ import annotations
 
+import copy
 import logging
 import random
 from typing import Literal
@@ -67,6 +68,16 @@ def league_defenders(cfg: LeagueConfig, defender_type, latest: int | None = None
         return []
     weights = member_weights(cfg, "blue", latest, record)
     return [defender_type(name=f"blue@-{k}", weight=cfg.weight * w) for k, w in enumerate(weights, 1)]
+
+
+def record_at_phase_start(state: dict) -> dict | None:
+    """The league record a phase weighs its members by (`sampling: winrate`):
+    as the phase began. Its steps add games to state["league_record"], so the
+    phase's first step keeps a copy in the state it commits, and a resume
+    inside the phase reads that copy, not the record of its last commit."""
+    if state["step"] == 0:
+        state["league_record_at_phase_start"] = copy.deepcopy(state.get("league_record"))
+    return state.get("league_record_at_phase_start", state.get("league_record"))
 
 
 def tally(record: dict, adapter: str, played: int, won: int) -> None:
