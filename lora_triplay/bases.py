@@ -15,11 +15,11 @@ import torch
 
 from .core.atomic import write_folder
 from .errors import UserError
+from .recipe import BUILT_IN_BASES
 
 log = logging.getLogger(__name__)
 
-EMBEDDED = "embedded:smollm2-135m"
-TINY = "builtin:tiny-qwen3"
+EMBEDDED, TINY = BUILT_IN_BASES
 
 
 class ModelError(UserError):

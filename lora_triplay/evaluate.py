@@ -158,6 +158,8 @@ class Evaluator:
         self.snaps = {r: self.store.snapshots(r) for r in ROLES}
         if not self.snaps["blue"]:
             raise UserError(f"{opts.run_dir}: no snapshots yet; evaluate a run that finished at least its setup")
+        for spec in opts.defenders:  # a bad --defender fails now, not after every answer is generated
+            self._defender(spec)
         self.judge = make_judge(opts.judge, self.get_run, self.snaps["eval"])
         raw = f"{Path(opts.run_dir).resolve()}|{self.max_new}|{opts.temperature}|{opts.seed}"
         self.collective = collective or Collective()

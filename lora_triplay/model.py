@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 def pick_device(cfg: ModelConfig) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ModelError("model.device = 'cuda' but no CUDA device is visible; set model.device=cpu")
+            raise ModelError("device cuda (model.device or --device) but no CUDA device is visible; set model.device=cpu, "
+                             "or pass --device cpu to eval, play, chat and export")
         # one process per GPU under accelerate/torchrun: this rank's own GPU
         local = int(os.environ.get("LOCAL_RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
         if local >= torch.cuda.device_count():
@@ -138,6 +139,18 @@ def peft_lora_config(cfg: LoraConfig):
     )
 
 
+def _check_targets(base, targets: list[str]) -> None:
+    """Every name in lora.target_modules must name some module of the base:
+    PEFT fails only when none does, so one typo (`nope_proj`) left that
+    projection without LoRA, silently."""
+    names = [n for n, _ in base.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linears = sorted({n.rsplit(".", 1)[-1] for n, m in base.named_modules() if isinstance(m, torch.nn.Linear)} - {"lm_head"})
+        raise ModelError(f"lora.target_modules: {', '.join(missing)} matches no module of this base; its linear layers are "
+                         f"{', '.join(linears)}")
+
+
 def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str]):
     """Wrap the base in a PeftModel holding one fresh adapter per role
     (`names`: the game's adapter names, e.g. TriPlay's red, blue, evaluator).
@@ -151,6 +164,7 @@ def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str]):
     depth = getattr(getattr(base, "config", None), "num_hidden_layers", None)
     if depth is not None and (wrong := cfg.layers_beyond(depth)):
         raise ModelError(wrong)
+    _check_targets(base, cfg.target_modules)
     torch.manual_seed(seed)
     try:
         model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])

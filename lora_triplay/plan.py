@@ -210,6 +210,8 @@ def microbatch_tokens(recipe, prompt_tokens: int) -> int:
 
 
 def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_tokens: int = 1024, shape: Shape | None = None) -> Plan:
+    if not math.isfinite(gpu_memory_gb):  # the CLI asks for >= 1 GB; the CPU's dry runs plan for 0
+        raise PlanError(f"--gpu-memory {gpu_memory_gb}: give the GPU's memory in GB, e.g. 80")
     from .games import make_game
 
     r, game = recipe, make_game(recipe)
@@ -276,7 +278,7 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         # Shared: vLLM's share holds the one base copy, already counted as the
         # trainer's base weights above; only the rest of the share is new.
         copy = 0.0 if sharing else vllm_weights
-        counted = share - (vllm_weights if sharing else 0.0)
+        counted = max(share - (vllm_weights if sharing else 0.0), 0.0)  # a share below the base holds no KV cache (the verdict says so)
         what = "less the shared base: KV cache" if sharing else f"base copy {vllm_weights:.1f} GB + KV cache"
         add(Item(f"vLLM share (gpu_memory_utilization {r.engine.gpu_memory_utilization}, {what})", counted,
                  "engine.gpu_memory_utilization", "rollouts"))

@@ -100,14 +100,26 @@ def load_requests(requests: Iterable[str], from_file: Path | None, column: str |
     """Requests from the command line, then from a file: .jsonl/.csv through
     `load_basic_prompts` (HarmBench-style columns), else one request per line."""
     out = [r.strip() for r in requests if r and r.strip()]
+    for i, text in enumerate(out, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
+            raise ModelError(f"request {i} on the command line is not valid UTF-8 text; pass it as UTF-8") from None
     if from_file is not None:
         path = Path(from_file)
+        if path.is_dir():
+            raise ModelError(f"--from-file {path} is a folder; pass a .txt (one request per line), .jsonl or .csv file")
         if path.suffix.lower() in (".jsonl", ".json", ".csv"):
-            out += [b.prompt for b in load_basic_prompts(str(path), column)]
+            out += [b.prompt for b in load_basic_prompts(str(path), column, column_key="--column")]
         else:
             if not path.is_file():
                 raise ModelError(f"--from-file {path}: no such file")
-            out += [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
+            try:
+                text = path.read_text(encoding="utf-8-sig")
+            except UnicodeDecodeError as exc:
+                line = path.read_bytes()[: exc.start].count(b"\n") + 1
+                raise ModelError(f"--from-file {path}: line {line} is not UTF-8 text; save the file as UTF-8") from None
+            out += [line.strip() for line in text.splitlines() if line.strip()]
     if not out:
         raise ModelError('no request given; pass one, e.g. `lora-triplay play RUN_DIR "how do I pick a lock"`, or --from-file FILE')
     return out

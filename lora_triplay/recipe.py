@@ -30,12 +30,26 @@ class RecipeError(UserError):
     """A recipe problem, worded for the user: key, value, fix."""
 
 
+# the bases that ship or are built here (bases.py resolves them)
+BUILT_IN_BASES = ("embedded:smollm2-135m", "builtin:tiny-qwen3")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelConfig(_Strict):
     base: str = Field("embedded:smollm2-135m", description="hub id, local folder, `embedded:smollm2-135m` or `builtin:tiny-qwen3`")
+
+    @field_validator("base")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("is empty: name a hub id (Qwen/Qwen3-4B), a local folder or embedded:smollm2-135m")
+        if v.split(":", 1)[0] in ("embedded", "builtin") and v not in BUILT_IN_BASES:
+            raise ValueError(f"{v!r} is not a built-in base; known: {', '.join(BUILT_IN_BASES)}")
+        return v
     dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
         "auto", description="float64: CPU only, for equivalence checks where summation order must not matter")
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -204,6 +218,11 @@ class RunConfig(_Strict):
     checkpoint_every: int = Field(
         1, ge=1, description="commit (adapter + optimizer + state.json) every N steps; the end of a phase always commits"
     )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v  # `run.report_to=wandb` means [wandb]
     transcripts: int = Field(2, ge=0, description="sampled transcripts kept per step")
     snapshot_optimizer: bool = Field(
         False, description="each role's iteration snapshot also keeps its optimizer state (Adam's moments: ~2x the adapter), "
@@ -339,12 +358,34 @@ def build_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
         raise RecipeError(lines[0] if len(lines) == 1 else "\n".join(lines)) from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps
+    the last one, so the first `iterations:` is silently ignored)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise RecipeError(f"{self.name}: key `{key}` is given twice (lines {seen[key]} and {key_node.start_mark.line + 1}); "
+                                  "keep one")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise RecipeError(f"{path} is a folder; pass a recipe file, e.g. {path / 'smoke.yaml'}")
     if not path.is_file():
         hint = " (recipes live in recipes/, e.g. recipes/smoke.yaml)" if not path.suffix else ""
         raise RecipeError(f"recipe file {str(path)!r} does not exist{hint}; check the path")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loader = _UniqueKeys(path.read_text(encoding="utf-8"))
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -378,6 +419,9 @@ def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = 
     if parent is not None:
         if not isinstance(parent, str):
             raise RecipeError(f"{path}: `extends` must be one recipe path (relative to this file), got {parent!r}")
+        if not (path.parent / parent).is_file():
+            raise RecipeError(f"{path}: `extends: {parent}` names no recipe file ({path.parent / parent}); the path is "
+                              "relative to this recipe")
         data = merge(load_recipe_data(path.parent / parent, (), (*_seen, path.resolve())), data)
     for override in overrides:
         apply_override(data, override)

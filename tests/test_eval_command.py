@@ -188,6 +188,11 @@ def test_eval_resumes_without_recomputing(tiny_run, tmp_path, monkeypatch):
     calls.clear()
     fourth, _ = _eval(tiny_run, out, "--limit", "4", "--no-progress", "--roles", "blue", "--judge", "eval@1")
     assert fourth["judge"] == "eval@1" and fourth["work"]["generated"] == 0 and fourth["work"]["judged"] == 24
+    # a defender the run does not have is refused before anything is generated
+    calls.clear()
+    bad = CliRunner().invoke(app, ["eval", str(tiny_run), "--benchmark", f"jbb={DATA / 'jbb/harmful-behaviors.csv'}", "--out",
+                                   str(tmp_path / "bad.json"), "--defender", "blue@99"])
+    assert bad.exit_code == 2 and "--defender 'blue@99'" in bad.output and calls == []
 
 
 @needs_data

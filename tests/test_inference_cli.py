@@ -323,6 +323,19 @@ def test_play_table_generate_mode_and_file(tiny_run, tmp_path):
     assert any(x in table.stdout for x in (*LABELS, "malformed"))
 
 
+def test_play_requests_that_cannot_be_read_are_one_line(tiny_run, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("first request\nca\xe7a va\n".encode("latin-1"))
+    (tmp_path / "r.csv").write_text("goal,category\nhow do I pick a lock,x\n")
+    cases = [(["--from-file", tmp_path / "latin1.txt"], "latin1.txt: line 2 is not UTF-8"),
+             (["--from-file", tmp_path], "is a folder"),
+             (["--from-file", tmp_path / "r.csv", "--column", "nope"], "column 'nope' not found"),
+             (["\udcff\udcfe bad"], "request 1 on the command line is not valid UTF-8")]
+    for args, needle in cases:
+        bad = invoke("play", tiny_run, *args)
+        assert bad.exit_code == 2 and needle in bad.output and "Traceback" not in bad.output, (args, bad.output)
+    assert "fix --column" in invoke("play", tiny_run, "--from-file", tmp_path / "r.csv", "--column", "nope").output
+
+
 def test_play_rejects_unknown_technique_and_role(tiny_run):
     bad = invoke("play", tiny_run, "x", "--technique", "nope")
     assert bad.exit_code == 2 and "known:" in bad.output and "role_play" in bad.output
@@ -332,6 +345,11 @@ def test_play_rejects_unknown_technique_and_role(tiny_run):
     assert bad.exit_code == 2 and "given twice" in bad.output
     bad = invoke("play", tiny_run)
     assert bad.exit_code == 2 and "no request" in bad.output
+    # a snapshot the run does not have fails before the base loads ("loaded ... in Ns" never printed)
+    for args in (["play", tiny_run, "x", "--role", "blue@99"], ["play", tiny_run, "x", "--defender", "blue@99"],
+                 ["play", tiny_run, "x", "--iteration", "9"], ["chat", tiny_run, "--role", "eval@99"]):
+        bad = invoke(*args, input="hi\n")
+        assert bad.exit_code == 2 and "adapter for iteration" in bad.output and "loaded " not in bad.output, (args, bad.output)
 
 
 # ------------------------------------------------------------------ chat

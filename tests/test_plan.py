@@ -83,6 +83,10 @@ def test_vllm_share_must_fit_beside_the_trainer():
     # The share the 14B recipe had before: 0.35 x 80 GB = 28 GB, less than vLLM's own 29.5 GB base copy.
     plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.35"]), gpu_memory_gb=80)
     assert not plan.fits and "raise engine.gpu_memory_utilization" in plan.refusal("r")
+    assert min(item.gb for item in plan.items) >= 0  # the share below its base holds nothing; it never counts negative
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(PlanError, match="--gpu-memory .*: give the GPU's memory in GB"):
+            make_plan(load_recipe(ROOT / "recipes" / "14b.yaml"), gpu_memory_gb=bad)
     # ...and a share larger than what the trainer leaves free cannot start
     plan = make_plan(load_recipe(ROOT / "recipes" / "14b.yaml", ["engine.gpu_memory_utilization=0.7", "engine.share_base=false"]), gpu_memory_gb=80)
     assert not plan.fits and "lower engine.gpu_memory_utilization to 0.54" in plan.refusal("r")

@@ -97,7 +97,7 @@ def test_extends_merges_sections_and_the_child_wins(tmp_path: Path):
 
 @pytest.mark.parametrize("files,needle", [
     ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "circle"),
-    ({"a.yaml": "extends: missing.yaml\niterations: 2\n"}, "does not exist"),
+    ({"a.yaml": "extends: missing.yaml\niterations: 2\n"}, "a.yaml: `extends: missing.yaml` names no recipe file"),
     ({"a.yaml": "extends: [b.yaml]\n"}, "one recipe path"),
     ({"a.yaml": ""}, "empty"),
     ({"a.yaml": "# only a comment\n"}, "copy recipes/smoke.yaml"),
@@ -152,6 +152,13 @@ def test_dotted_overrides_parse_to_the_field_types():
     assert isinstance(r.grpo.lr, float) and r.grpo.lr == 1e-4
     assert r.lora.target_modules == ["q_proj", "v_proj"]
     assert r.model.base == "some/other"
+
+
+def test_one_tracker_may_be_given_without_a_list():
+    from lora_triplay.recipe import load_recipe as load
+
+    assert load(ROOT / "recipes" / "tiny.yaml", ["run.report_to=tensorboard"]).run.report_to == ["tensorboard"]
+    assert load(ROOT / "recipes" / "tiny.yaml", ["run.report_to=[jsonl,tensorboard]"]).run.report_to == ["jsonl", "tensorboard"]
 
 
 def test_lora_layers_as_a_range_or_a_list():
@@ -209,6 +216,12 @@ ERRORS = [
     ("bad-yaml", "grpo: [1, 2\n", (), ["not valid YAML", "line"]),
     ("top-level-list", "- iterations\n- 2\n", (), ["top level must be a mapping", "list"]),
     ("top-level-scalar", "just text\n", (), ["top level must be a mapping", "str"]),
+    ("key-given-twice", "iterations: 2\nseed: 1\niterations: 3\n", (), ["key `iterations` is given twice", "lines 1 and 3"]),
+    ("key-twice-in-a-section", "grpo:\n  lr: 0.1\n  lr: 0.2\n", (), ["key `lr` is given twice", "lines 2 and 3"]),
+    ("empty-base", "model:\n  base: ''\n", (), ["`model.base`", "is empty"]),
+    ("unknown-built-in-base", "model:\n  base: embedded:llama\n", (), ["`model.base`", "not a built-in base", "embedded:smollm2-135m"]),
+    ("unknown-embedded-encoder", "rewards:\n  embedding_model: embedded:nope\n", (),
+     ["`rewards.embedding_model`", "not a known embedded model", "embedded:all-minilm-l6-v2"]),
     ("override-without-equals", "iterations: 1\n", ("phases.red.steps",), ["'phases.red.steps'", "`key=value`"]),
     ("override-empty-key", "iterations: 1\n", ("=3",), ["empty key"]),
     ("override-into-a-value", "iterations: 2\n", ("iterations.red=3",), ["`iterations` is a value, not a section"]),
@@ -231,6 +244,8 @@ def test_missing_recipe_file_names_the_path(tmp_path: Path):
         load_recipe(missing)
     msg = str(info.value)
     assert str(missing) in msg and "does not exist" in msg and "\n" not in msg
+    with pytest.raises(RecipeError, match="is a folder; pass a recipe file"):
+        load_recipe(tmp_path)
 
 
 def test_several_errors_give_one_line_each(tmp_path: Path):

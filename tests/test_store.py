@@ -68,6 +68,31 @@ def test_a_damaged_state_file_is_one_clear_error(tmp_path):
         store.load_state()
 
 
+def test_a_run_folder_is_held_by_one_process(tmp_path):
+    """A second `run --resume` on a folder in use would interleave its
+    commits with the first's: refused before it reads anything. The lock
+    goes with the holder (an OS lock: a killed holder releases it too)."""
+    from pathlib import Path
+
+    from lora_triplay.core.session import Session
+    from lora_triplay.errors import UserError
+    from lora_triplay.recipe import load_recipe
+
+    run = tmp_path / "run"
+    holder = RunStore(run).create()
+    holder.commit({"iteration": 1})
+    holder.lock()
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml")
+    with pytest.raises(UserError, match="in use by another lora-triplay process"):
+        Session.open(recipe, run, resume=True)
+    with pytest.raises(UserError, match="in use by another lora-triplay process"):
+        RunStore(run).lock()
+    import os
+
+    os.close(holder._lock_fd)  # the holder ends
+    RunStore(run).lock()
+
+
 def test_run_folder_is_private(tmp_path):
     store = RunStore(tmp_path / "run").create()
     assert (store.root.stat().st_mode & 0o777) == 0o700

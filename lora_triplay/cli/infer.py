@@ -28,6 +28,24 @@ def _check_run_dir(run_dir: Path) -> None:
         raise ModelError(f"run folder {run_dir} does not exist; pass the folder `lora-triplay run` wrote (e.g. adapters/smoke-demo)")
 
 
+def _check_snapshots(run_dir: Path, iteration: Optional[int], specs: List[str]) -> None:
+    """Every adapter a command will load exists, checked before the base
+    loads (minutes on a 14B): the roles at `--iteration`, and each `role@N`."""
+    from ..core.runs import read_run_recipe, snapshot_folder
+    from ..core.snapshots import parse_role
+    from ..core.store import RunStore
+    from ..games import game_class
+
+    store = RunStore(run_dir)
+    if iteration is not None:
+        for name in game_class(read_run_recipe(run_dir).game).roles:
+            snapshot_folder(store, name, iteration)
+    for spec in specs:
+        name, it = parse_role(spec)
+        if it is not None and it >= 0:
+            snapshot_folder(store, name, it)
+
+
 def _open(run_dir: Path, iteration: Optional[int], device: Optional[str]):
     from ..bases import ModelError
     from ..core.runs import open_run
@@ -129,6 +147,7 @@ def play(
         _check_run_dir(run_dir)
         texts = load_requests(requests or [], from_file, column)
         recipe = read_run_recipe(run_dir)
+        _check_snapshots(run_dir, iteration, [*role, *defender])
         if recipe.game != "triplay":  # another game plays its own round (games/<name>.py: play)
             import torch
 
@@ -196,6 +215,7 @@ def chat(
 
         parse_role(role)  # a bad --role fails before the model loads
         _check_run_dir(run_dir)
+        _check_snapshots(run_dir, iteration, [role])
         run = _open(run_dir, iteration, device)
         torch.manual_seed(seed)
         sampling = Sampling(max_new_tokens=max_new_tokens or run.recipe.grpo.max_new_tokens, temperature=temperature, seed=seed)

@@ -63,6 +63,9 @@ def snapshot_folder(store: RunStore, role: str, iteration: int | None) -> Path:
         folder = store.snapshot_dir(role, iteration)
     if not (folder / "adapter_model.safetensors").is_file():
         have = store.snapshots(role)
+        if iteration is None:
+            raise ModelError(f"{store.root}: the latest {role} adapter ({folder}) is missing: the run folder is damaged; "
+                             f"pass --iteration N for a snapshot (present: {have or 'none'})")
         raise ModelError(
             f"{store.root}: no {role} adapter for iteration {iteration}; snapshots present: {have or 'none'}"
         )

@@ -110,6 +110,7 @@ class Session:
         if resume:
             if not had_state:
                 raise RunError(f"--resume: {run_dir} holds no run (no state.json); drop --resume to start a new run there")
+            store.lock()
             saved = build_recipe(__import__("yaml").safe_load(store.path("recipe.yaml").read_text()), source=str(store.path("recipe.yaml")))
             changed = diff_recipes(saved, recipe)
             if changed and not allow_recipe_change:
@@ -128,6 +129,9 @@ class Session:
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
             created = collective.main and not Path(run_dir).exists()
             store.create()
+            store.lock()
+            if store.has_state():  # another process started a run here since we looked
+                raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
             files = ("metrics", *game.jsonl)
             for name in files if collective.main else ():  # every run folder has the same files, empty or not
                 store.path(f"{name}.jsonl").touch(mode=0o600)

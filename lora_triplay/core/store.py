@@ -46,6 +46,22 @@ class RunStore:
         os.chmod(self.root, 0o700)
         return self
 
+    def lock(self) -> None:
+        """Hold the run folder for this process's lifetime (an flock on the
+        folder itself, released by the OS however the process ends): a second
+        `run` or `--resume` on the same folder would interleave its commits
+        with ours."""
+        import fcntl
+
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"{self.root} is in use by another lora-triplay process; wait for it to end (or stop it), "
+                            "then resume with --resume") from None
+        self._lock_fd = fd
+
     # ---------------------------------------------------------------- files
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
@@ -242,6 +258,9 @@ class FollowerStore(RunStore):
 
     def create(self) -> "RunStore":
         return self
+
+    def lock(self) -> None:
+        """Rank 0 holds the folder for the run."""
 
     def write_text(self, name: str, text: str) -> None:
         pass

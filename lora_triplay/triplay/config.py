@@ -107,6 +107,16 @@ class RewardsConfig(_Strict):
                                  f"sentence-transformers folder): hashed trigrams do not measure meaning; or set {key}: {off}")
         return self
 
+    @field_validator("embedding_model")
+    @classmethod
+    def _known_embedded(cls, v: str) -> str:
+        from .rewards.diversity import _EMBEDDED  # numpy only: validate stays light
+
+        if v.startswith("embedded:") and v.split(":", 1)[1].lower() not in _EMBEDDED:
+            raise ValueError(f"{v!r} is not a known embedded model; known: {', '.join('embedded:' + k for k in _EMBEDDED)}, "
+                             "or `hashing`, or a local sentence-transformers folder")
+        return v
+
     @field_validator("blue_judge")
     @classmethod
     def _judge(cls, v: str) -> str:

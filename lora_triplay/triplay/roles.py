@@ -143,13 +143,14 @@ def load_techniques(path: str | None = None) -> list[Technique]:
 
 
 def load_basic_prompts(
-    path: str | None = None, column: str | None = None, limit: int | None = None
+    path: str | None = None, column: str | None = None, limit: int | None = None, column_key: str = "data.prompt_column"
 ) -> list[BasicPrompt]:
     """Basic harmful requests for red: package data for None/"builtin", else a
     JSONL or CSV file (HarmBench, JailbreakBench, StrongREJECT, S-Eval, ...).
 
     ``column`` names the request column; by default the first of
-    PROMPT_COLUMNS present. HarmBench's behaviours file keeps only its
+    PROMPT_COLUMNS present (`column_key`: the setting that gives it, for
+    the errors). HarmBench's behaviours file keeps only its
     "standard" rows (contextual and copyright rows need other judging).
     """
     if limit is not None and limit < 0:
@@ -167,10 +168,10 @@ def load_basic_prompts(
         if column is None:
             raise SeedDataError(
                 f"{name}: no usable prompt column (found {cols}, looked for {list(PROMPT_COLUMNS)}); "
-                "set data.prompt_column to the column that holds the requests"
+                f"set {column_key} to the column that holds the requests"
             )
     elif column not in cols:
-        raise SeedDataError(f"{name}: column {column!r} not found (found {cols}); fix data.prompt_column")
+        raise SeedDataError(f"{name}: column {column!r} not found (found {cols}); fix {column_key}")
     if "FunctionalCategory" in cols:
         rows = [r for r in rows if str(r.get("FunctionalCategory") or "").strip() == "standard"]
     cat_col = next((c for c in CATEGORY_COLUMNS if c in cols), None)
