@@ -48,3 +48,31 @@ def endpoint(monkeypatch):
     CANNED.seen, CANNED.status = [], 200
     with CANNED.serving() as url:
         yield url
+
+
+FINISHED_RUN = """\
+model: {{base: "{base}", device: cpu, dtype: float32}}
+lora: {{rank: 4, alpha: 8}}
+iterations: 1
+phases: {{red: {{steps: 2}}, blue: {{steps: 2}}, eval: {{steps: 2}}}}
+grpo: {{group_size: 4, prompts_per_step: 2, lr: 1.0e-3, max_new_tokens: 8}}
+rewards: {{judge_mode: choice, embedding_model: hashing}}
+defenders: [{{name: blue, weight: 1.0}}, {{name: base, weight: 0.5}}]
+experts: {{safety_experts: 2, utility_experts: 2}}
+"""
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    """A finished 1-iteration run on the tiny model (2 GRPO steps per
+    phase): iter-0000 (the untrained adapters) and iter-0001 of every role;
+    the inference commands' tests (export, play, chat, serve) read it."""
+    from typer.testing import CliRunner
+
+    from lora_triplay.cli import app
+
+    root = tmp_path_factory.mktemp("infer")
+    (root / "tiny.yaml").write_text(FINISHED_RUN.format(base=tiny_model_dir))
+    result = CliRunner().invoke(app, ["run", str(root / "tiny.yaml"), "--run-dir", str(root / "run")])
+    assert result.exit_code == 0, result.output
+    return root / "run"
