@@ -139,6 +139,20 @@ def peft_lora_config(cfg: LoraConfig):
     )
 
 
+def check_lora_targets(cfg: ModelConfig, lora: LoraConfig) -> None:
+    """Before a new run loads its base: every name in lora.target_modules
+    names some module of it (the base's skeleton from its config, on the meta
+    device: no weights, a second even for 14B). Runs trained before this
+    check (resume, eval, export) are not refused for it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve_base(cfg.base, cfg.revision)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    _check_targets(skeleton, lora.target_modules)
+
+
 def _check_targets(base, targets: list[str]) -> None:
     """Every name in lora.target_modules must name some module of the base:
     PEFT fails only when none does, so one typo (`nope_proj`) left that
@@ -164,7 +178,6 @@ def attach_role_adapters(base, cfg: LoraConfig, seed: int, names: list[str]):
     depth = getattr(getattr(base, "config", None), "num_hidden_layers", None)
     if depth is not None and (wrong := cfg.layers_beyond(depth)):
         raise ModelError(wrong)
-    _check_targets(base, cfg.target_modules)
     torch.manual_seed(seed)
     try:
         model = get_peft_model(base, peft_lora_config(cfg), adapter_name=names[0])
@@ -327,7 +340,8 @@ def add_frozen_adapter(model, name: str, folder: Path, lora: LoraConfig) -> None
     sample other rollouts than the run it resumes."""
     if name in model.peft_config:
         model.delete_adapter(name)
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+    # the CUDA generator only where CUDA is already up (asking for its device would start it on a CPU run)
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_initialized() else []):
         model.add_adapter(name, peft_lora_config(lora))
     load_adapter_weights(model, name, folder, expect_rank=lora.rank)
     for p in adapter_parameters(model, name).values():

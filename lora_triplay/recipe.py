@@ -365,7 +365,13 @@ class _UniqueKeys(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden here, as YAML means
+                continue
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # an unhashable key: the schema refuses it, in its own words
             if key in seen:
                 raise RecipeError(f"{self.name}: key `{key}` is given twice (lines {seen[key]} and {key_node.start_mark.line + 1}); "
                                   "keep one")

@@ -138,6 +138,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening_port(port: int, extra: Sequence[str]) -> int:
+    """The port vLLM will listen on: a `--port` passed after `--` wins over
+    ours (vLLM's parser keeps the last)."""
+    for i, arg in enumerate(extra):
+        value = arg.split("=", 1)[1] if arg.startswith("--port=") else extra[i + 1] if arg == "--port" and i + 1 < len(extra) else None
+        if value is not None and value.isdigit():
+            port = int(value)
+    return port
+
+
 def check_port(host: str, port: int) -> None:
     """Fail now, in one line, where the server could not listen: vLLM would
     say so only after ~12 s of imports, in a log."""

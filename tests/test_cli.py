@@ -116,3 +116,23 @@ def test_start_bench_alternates_the_cases_and_reports_the_saving(tmp_path, monke
     assert trees.count(tmp_path) == 3 * len(bench_cli_start.NO_MODEL) and len(trees) == 3 * (5 + 3)
     assert got["baseline"]["ratio_to_baseline"] == {name: 0.5 for name in bench_cli_start.NO_MODEL}
     assert got["baseline"]["commit"] is None  # not a git checkout
+
+
+def test_an_interrupt_says_how_to_go_on(tmp_path):
+    """Ctrl-C on `run`: with a commit in the folder, the command that resumes
+    it (the run's own flags kept); before the first commit (a new run leaves
+    no folder), the command that starts it again, not a --resume that fails."""
+    import shlex
+
+    from lora_triplay.cli.train import _interrupted
+
+    fresh = _interrupted(Path("r.yaml"), ["iterations=2"], tmp_path / "run", 2, False, True)
+    assert fresh.startswith("interrupted before the run's first commit")
+    assert shlex.split(fresh.split("with: ")[1]) == ["lora-triplay", "run", "r.yaml", "iterations=2", "--nproc", "2",
+                                                     "--skip-plan-check", "--run-dir", str(tmp_path / "run")]
+    assert "--run-dir" not in _interrupted(Path("r.yaml"), [], None, 1, False, False)  # Ctrl-C while the recipe was read
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "state.json").write_text("{}")
+    again = _interrupted(Path("r.yaml"), [], tmp_path / "run", 1, True, False)
+    assert shlex.split(again.split("Continue with: ")[1]) == ["lora-triplay", "run", "r.yaml", "--resume", "--run-dir",
+                                                              str(tmp_path / "run"), "--allow-recipe-change"]

@@ -34,15 +34,16 @@ def test_pickle_adapters_are_refused(tmp_path):
 
 def test_a_target_module_that_names_nothing_is_refused(tiny_model_dir):
     """PEFT fails only when no target matches; one typo among good names
-    would leave that projection without LoRA."""
-    from lora_triplay.model import attach_role_adapters, load_base
+    would leave that projection without LoRA. Checked on the base's skeleton
+    (meta device) before a new run loads any weight."""
+    from lora_triplay.model import check_lora_targets
     from lora_triplay.recipe import LoraConfig, ModelConfig
 
-    base, _, _ = load_base(ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32"))
+    cfg = ModelConfig(base=tiny_model_dir, device="cpu", dtype="float32")
     with pytest.raises(ModelError, match="nope_proj matches no module of this base; its linear layers are .*q_proj"):
-        attach_role_adapters(base, LoraConfig(rank=4, target_modules=["q_proj", "nope_proj"]), seed=0, names=["red"])
-    model = attach_role_adapters(base, LoraConfig(rank=4, target_modules=["q_proj", "v_proj"]), seed=0, names=["red"])
-    assert {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n} == {"q_proj", "v_proj"}
+        check_lora_targets(cfg, LoraConfig(rank=4, target_modules=["q_proj", "nope_proj"]))
+    check_lora_targets(cfg, LoraConfig(rank=4, target_modules=["q_proj", "v_proj"]))
+    check_lora_targets(cfg, LoraConfig(rank=4))  # the defaults: every projection of a Qwen3
 
 
 def test_wrong_rank_is_refused(role_model, tmp_path):

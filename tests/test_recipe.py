@@ -154,6 +154,17 @@ def test_dotted_overrides_parse_to_the_field_types():
     assert r.model.base == "some/other"
 
 
+def test_yaml_merge_keys_still_override_and_an_unhashable_key_is_one_line(tmp_path: Path):
+    """The duplicate-key check must not take YAML's `<<: *anchor` (whose keys
+    this mapping may override) for a key given twice."""
+    (tmp_path / "r.yaml").write_text("small: &small {rank: 4, alpha: 8}\nlora: {<<: *small, rank: 8}\niterations: 1\n")
+    from lora_triplay.recipe import load_recipe_data
+
+    assert load_recipe_data(tmp_path / "r.yaml")["lora"] == {"rank": 8, "alpha": 8}
+    msg = _error(tmp_path, "? [1, 2]\n: 3\niterations: 1\n", ())
+    assert "not valid YAML at line 1" in msg
+
+
 def test_one_tracker_may_be_given_without_a_list():
     from lora_triplay.recipe import load_recipe as load
 

@@ -199,6 +199,11 @@ def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, t
         return sum((red[k] - v).abs().sum().item() for k, v in after_one.items())
 
     assert moved(faster) > 20 * moved(same) > 0
+    # a change the run cannot load under fails and leaves the folder's recipe as it was
+    refused = _cli(recipe, damaged, "--resume", "--allow-recipe-change", "lora.rank=8")
+    assert refused.returncode == 2 and "lora.rank" in refused.stderr
+    assert (damaged / "recipe.yaml").read_text() == (killed / "recipe.yaml").read_text()
+    assert not list(damaged.glob("recipe.prev-*"))
     # the run now goes on under the new recipe: recipe.yaml says so, the old one stays beside it
     assert "lr: 0.05" in (faster / "recipe.yaml").read_text()
     assert [p.name for p in faster.glob("recipe.prev-*.yaml")] == ["recipe.prev-000001.yaml"]
@@ -210,3 +215,8 @@ def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, t
     state = json.loads((faster / "state.json").read_text())
     assert state["done"] and state["iteration"] == 2 and (faster / "red" / "iter-0002").is_dir()
     assert "iterations: 2" in (faster / "recipe.yaml").read_text()
+    # a finished run the change does not extend trains nothing under it: its recipe stays the one it ran under
+    before = (faster / "recipe.yaml").read_text()
+    proc = _cli(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=0.5", "iterations=2")
+    assert proc.returncode == 0 and "nothing trains" in proc.stderr, proc.stderr[-2000:]
+    assert (faster / "recipe.yaml").read_text() == before

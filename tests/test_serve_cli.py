@@ -90,6 +90,12 @@ def test_a_port_nothing_can_listen_on_is_refused_before_vllm():
     check_port("127.0.0.1", port)  # free again
     with pytest.raises(ModelError, match="cannot listen on 192.0.2.1"):  # TEST-NET-1: no interface has it
         check_port("192.0.2.1", port)
+    from lora_triplay.serve import listening_port
+
+    # a --port after `--` goes to vLLM, whose parser keeps the last: that is the port to check
+    assert listening_port(8000, []) == 8000
+    assert listening_port(8000, ["--max-model-len", "1024", "--port", "9001"]) == 9001
+    assert listening_port(8000, ["--port=9002", "--port", "9003"]) == 9003
 
 
 def test_serve_without_vllm_prints_command_and_install_hint(tiny_run, monkeypatch):

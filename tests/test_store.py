@@ -69,9 +69,13 @@ def test_a_damaged_state_file_is_one_clear_error(tmp_path):
 
 
 def test_a_run_folder_is_held_by_one_process(tmp_path):
-    """A second `run --resume` on a folder in use would interleave its
-    commits with the first's: refused before it reads anything. The lock
-    goes with the holder (an OS lock: a killed holder releases it too)."""
+    """A second `run --resume` on a folder another process holds would
+    interleave its commits with the first's: refused before it reads
+    anything. The lock goes with the holder (an OS lock: a killed holder
+    releases it too), and is re-entrant inside one process (a notebook that
+    runs, then resumes)."""
+    import subprocess
+    import sys
     from pathlib import Path
 
     from lora_triplay.core.session import Session
@@ -79,18 +83,24 @@ def test_a_run_folder_is_held_by_one_process(tmp_path):
     from lora_triplay.recipe import load_recipe
 
     run = tmp_path / "run"
-    holder = RunStore(run).create()
-    holder.commit({"iteration": 1})
-    holder.lock()
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml")
-    with pytest.raises(UserError, match="in use by another lora-triplay process"):
-        Session.open(recipe, run, resume=True)
-    with pytest.raises(UserError, match="in use by another lora-triplay process"):
-        RunStore(run).lock()
-    import os
-
-    os.close(holder._lock_fd)  # the holder ends
-    RunStore(run).lock()
+    RunStore(run).create().commit({"iteration": 1})
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(run)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml")
+        with pytest.raises(UserError, match="in use by another lora-triplay process"):
+            Session.open(recipe, run, resume=True)
+        with pytest.raises(UserError, match="in use by another lora-triplay process"):
+            RunStore(run).lock()
+    finally:
+        holder.kill()
+        holder.wait()
+    mine = RunStore(run)
+    mine.lock()
+    RunStore(run).lock()  # the same process again: fine
+    mine.unlock()
 
 
 def test_run_folder_is_private(tmp_path):

@@ -23,9 +23,12 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, OSError)
 def describe(exc: BaseException) -> str:
     """One line for the error: ours say what to do; the machine's name the
     path and the reason."""
-    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.strerror and exc.filename:
-        return f"{exc.filename}: {exc.strerror} (errno {exc.errno}); check the path, its permissions and the disk's free space"
-    return str(exc)
+    if isinstance(exc, UserError) or isinstance(exc, FileNotFoundError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return (f"{exc.filename}: {exc.strerror} ({type(exc).__name__}, errno {exc.errno}); check the path, its permissions "
+                "and the disk's free space (--debug shows the traceback)")
+    return f"{type(exc).__name__}: {exc} (--debug shows the traceback)"  # e.g. a connection an engine or endpoint dropped
 
 
 def fail(exc: BaseException, debug: bool) -> None:

@@ -289,10 +289,10 @@ def serve(
         raise typer.Exit(2)
     import tempfile
 
-    from ..serve import check_port, run_server
+    from ..serve import check_port, listening_port, run_server
 
     try:
-        check_port(host, port)
+        check_port(host, port if inner != port else listening_port(port, vllm_args or []))
     except USER_ERRORS as exc:
         fail(exc, debug)
         return

@@ -49,6 +49,7 @@ def run(
     """
     follower = is_follower()
     progress_logging(debug, follower)
+    folder = None  # known once the recipe is read; Ctrl-C before that has no folder to name
     try:
         from ..recipe import load_recipe
 
@@ -69,11 +70,26 @@ def run(
     except USER_ERRORS as exc:
         fail(exc, debug)
     except KeyboardInterrupt:  # Ctrl-C: the last commit stands; say how to go on from it
-        again = ["lora-triplay", "run", str(recipe_path), *(overrides or []), "--resume", "--run-dir", str(folder)]
-        if allow_recipe_change:
-            again.append("--allow-recipe-change")
-        typer.echo(f"interrupted; the run folder keeps its last committed step. Continue with: {shlex.join(again)}", err=True)
+        typer.echo(_interrupted(recipe_path, overrides or [], folder, nproc, allow_recipe_change, skip_plan_check),
+                   err=True)
         raise typer.Exit(130) from None
+
+
+def _interrupted(recipe_path: Path, overrides: list[str], folder: Optional[Path], nproc: int, allow_change: bool,
+                 skip_plan_check: bool) -> str:
+    """What Ctrl-C leaves, and the command that goes on from it."""
+    again = ["lora-triplay", "run", str(recipe_path), *overrides]
+    if nproc > 1:
+        again += ["--nproc", str(nproc)]
+    if skip_plan_check:
+        again.append("--skip-plan-check")
+    if folder is None or not (Path(folder) / "state.json").is_file():  # before the first commit: a new run leaves nothing
+        where = ["--run-dir", str(folder)] if folder is not None else []
+        return f"interrupted before the run's first commit; start it again with: {shlex.join(again + where)}"
+    again += ["--resume", "--run-dir", str(folder)]
+    if allow_change:
+        again.append("--allow-recipe-change")
+    return f"interrupted; the run folder keeps its last committed step. Continue with: {shlex.join(again)}"
 
 
 def validate(

@@ -24,6 +24,7 @@ from ..games import StepResult, make_game
 from ..model import (
     activate,
     adapter_parameters,
+    check_lora_targets,
     load_adapter_weights,
     load_role_model,
     pick_device,
@@ -104,7 +105,7 @@ class Session:
         collective = Collective()
         store = RunStore(run_dir) if collective.main else FollowerStore(run_dir)
         game = make_game(recipe)
-        created = False
+        created, changed = False, []
         had_state = store.has_state()
         collective.barrier()  # every rank has looked before rank 0 writes
         if resume:
@@ -123,7 +124,13 @@ class Session:
                 raise RunError(f"{run_dir} was written by another version of lora-triplay (state version {state.get('version')}, "
                                f"this one reads {STATE_VERSION}); finish it with that version or start a new run")
             if changed:
-                cls._accept_recipe(store, state, recipe, game, changed, collective.main)
+                log.warning("resuming under a changed recipe: %s", "; ".join(changed))
+            if state["done"] and recipe.iterations > state["iteration"]:
+                # every rank decides this from the state and the recipe alone: a
+                # follower may read recipe.yaml after rank 0 has rewritten it
+                nxt = state["iteration"] + 1
+                state.update(done=False, iteration=nxt, phase=game.phases_of(nxt)[0], step=0)
+                log.warning("the finished run goes on to iteration %d of %d", nxt, recipe.iterations)
         else:
             if had_state:
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
@@ -151,8 +158,11 @@ class Session:
             session._build(fresh=not resume)
         except BaseException:
             if not resume and created:  # a failed start leaves no half-made run behind
+                store.unlock()
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        if resume and changed:  # only once the run has resumed under it: a change that cannot load leaves the folder as it was
+            session._keep_recipe()
         return session
 
     def _build(self, fresh: bool) -> None:
@@ -161,6 +171,8 @@ class Session:
         check_installed(r.run.report_to)  # before minutes of model loading
         if self.check_plan:
             check_fits_gpu(r, self.collective.world)
+        if fresh:
+            check_lora_targets(r.model, r.lora)  # a typo among the names would leave a projection without LoRA
         t0 = time.perf_counter()
         game = self.game
         shared = self._load_shared()
@@ -278,23 +290,21 @@ class Session:
         self.store.commit(self.state)
         self.collective.barrier()  # what rank 0 wrote is there before any rank reads it
 
-    @staticmethod
-    def _accept_recipe(store, state: dict, recipe: Recipe, game, changed: list[str], main: bool) -> None:
-        """--resume --allow-recipe-change: the run goes on under the new
-        recipe, so recipe.yaml becomes it (the next resume, `report` and
-        `eval` read it) and the old one stays beside it as
-        recipe.prev-<global step>.yaml; more iterations than a finished run
-        had extend it from the next iteration's first phase."""
-        log.warning("resuming under a changed recipe: %s", "; ".join(changed))
-        prev = f"recipe.prev-{state['global_step']:06d}.yaml"
-        if main:
+    def _keep_recipe(self) -> None:
+        """--resume --allow-recipe-change, resumed: the run goes on under the
+        new recipe, so recipe.yaml becomes it (the next resume, `report` and
+        `eval` read it), the old one kept as recipe.prev-<global step>.yaml.
+        A finished run that the change does not extend trains nothing under
+        it: its recipe stays the one it ran under."""
+        st, store = self.state, self.store
+        if st["done"]:
+            log.warning("the run is finished and the change adds no iteration: nothing trains, recipe.yaml stays as it ran")
+            return
+        prev = f"recipe.prev-{st['global_step']:06d}.yaml"
+        if self.collective.main:
             if not store.path(prev).exists():  # a second change before any step keeps the recipe the steps ran under
                 store.write_text(prev, store.path("recipe.yaml").read_text())
-            store.write_text("recipe.yaml", recipe.dump())
-        if state["done"] and recipe.iterations > state["iteration"]:
-            nxt = state["iteration"] + 1
-            state.update(done=False, iteration=nxt, phase=game.phases_of(nxt)[0], step=0)
-            log.warning("the finished run goes on to iteration %d of %d", nxt, recipe.iterations)
+            store.write_text("recipe.yaml", self.recipe.dump())
 
     # ----------------------------------------------------------------- run
     def run(self) -> None:
@@ -326,6 +336,7 @@ class Session:
                      "ran only to keep step with the other ranks",
                      sum(x[0] for x in every), sum(x[1] for x in every))
         self.trackers.close()
+        self.store.unlock()  # finished: another process may extend or read it
 
     def _place_optimizer_states(self, active: str) -> None:
         """On a GPU only the training role's AdamW state stays there; the
@@ -371,7 +382,8 @@ class Session:
         if stats is not None:
             row.update(loss=stats.loss, kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction,
                        grad_norm=stats.grad_norm, tokens=stats.tokens, skipped=stats.skipped,
-                       **{k: stats.extra[k] for k in ("ce_loss", "ce_accuracy") if k in stats.extra}, lr=learner.last_lr)
+                       **{k: stats.extra[k] for k in ("ce_loss", "ce_accuracy", "nonfinite_at_update") if k in stats.extra},
+                       lr=learner.last_lr)
             if averaged:
                 row["tail_averaged_steps"] = averaged
             if result.after_update is not None and not stats.skipped:

@@ -34,6 +34,7 @@ from .atomic import write_file, write_folder
 from .faults import crash_point
 
 atomic_write = write_file  # the name the rest of the code and the tests use
+_HELD: dict[str, int] = {}  # run folders this process holds (RunStore.lock), by real path
 
 
 class RunStore:
@@ -47,12 +48,20 @@ class RunStore:
         return self
 
     def lock(self) -> None:
-        """Hold the run folder for this process's lifetime (an flock on the
-        folder itself, released by the OS however the process ends): a second
-        `run` or `--resume` on the same folder would interleave its commits
-        with ours."""
+        """Hold the run folder (an flock on the folder itself, released by
+        the OS however the process ends): a second `run` or `--resume` on the
+        same folder from another process would interleave its commits with
+        ours. Re-entrant within a process (a notebook that runs, then
+        resumes). The lock is the host's: on a shared filesystem another
+        node's process may not see it; where the filesystem has no flock, the
+        run goes on unlocked, with a warning."""
+        import errno
         import fcntl
+        import logging
 
+        key = os.path.realpath(self.root)
+        if key in _HELD:
+            return
         fd = os.open(self.root, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -60,7 +69,20 @@ class RunStore:
             os.close(fd)
             raise UserError(f"{self.root} is in use by another lora-triplay process; wait for it to end (or stop it), "
                             "then resume with --resume") from None
-        self._lock_fd = fd
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
+                raise
+            logging.getLogger(__name__).warning("%s: this filesystem cannot lock the run folder (%s); make sure no other "
+                                                "process runs in it", self.root, exc.strerror)
+            return
+        _HELD[key] = fd
+
+    def unlock(self) -> None:
+        """Let the folder go (before it is deleted, or for another process)."""
+        fd = _HELD.pop(os.path.realpath(self.root), None)
+        if fd is not None:
+            os.close(fd)
 
     # ---------------------------------------------------------------- files
     def path(self, *parts: str) -> Path:
@@ -261,6 +283,9 @@ class FollowerStore(RunStore):
 
     def lock(self) -> None:
         """Rank 0 holds the folder for the run."""
+
+    def unlock(self) -> None:
+        pass
 
     def write_text(self, name: str, text: str) -> None:
         pass
