@@ -131,20 +131,34 @@ def test_metrics_reach_tensorboard_and_wandb(tmp_path, tiny_model_dir, monkeypat
     pytest.importorskip("wandb")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from lora_triplay.core.trackers import Trackers
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # a row reaches the trackers only once committed: one lost to a crash is redone on resume and logged once
+    logged, real_log = [], Trackers.log
+
+    def log_after_commit(self, row):
+        committed = json.loads((tmp_path / "run" / "state.json").read_text())["global_step"]
+        logged.append((row["global_step"], committed))
+        real_log(self, row)
+
+    monkeypatch.setattr(Trackers, "log", log_after_commit)
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE.format(base=tiny_model_dir).replace("steps: 2", "steps: 1") + "run: {report_to: [jsonl, tensorboard, wandb]}\n")
+    recipe.write_text(RECIPE.format(base=tiny_model_dir).replace("steps: 2", "steps: 1").replace("red: {steps: 1}", "red: {steps: 3}")
+                      + "run: {report_to: [jsonl, tensorboard, wandb], checkpoint_every: 2}\n")
     result = CliRunner().invoke(app, ["run", str(recipe), "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
+    assert logged and all(step <= committed for step, committed in logged), logged
     acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     acc.Reload()
     tags = acc.Tags()["scalars"]
     assert {"red/reward_mean", "blue/loss", "eval/accuracy"} <= set(tags)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    red = next(r for r in rows if r["phase"] == "red")
-    (event,) = acc.Scalars("red/reward_mean")
-    assert event.step == red["global_step"] and event.value == pytest.approx(red["reward_mean"], abs=1e-6)
+    red = [r for r in rows if r["phase"] == "red"]
+    events = acc.Scalars("red/reward_mean")
+    assert [e.step for e in events] == [r["global_step"] for r in red] and len(red) == 3
+    assert [e.value for e in events] == pytest.approx([r["reward_mean"] for r in red], abs=1e-6)
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
 
 

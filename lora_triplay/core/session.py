@@ -194,6 +194,7 @@ class Session:
 
             tp = r.engine.tensor_parallel_size if r.engine.backend == "vllm" else 1
             self.engine = ShardedEngine(self.engine, self.collective, group=tp)
+        self._unlogged: list[dict] = []  # this step's and earlier uncommitted rows, for the trackers after the commit
         self.trackers = Trackers(r.run.report_to if self.collective.main else [], self.store.root, r.model_dump(mode="json"), self.store.root.name)
         self.learners: dict[str, GrpoLearner] = {}
         computer = LogprobComputer(r.grpo.logprob_kernel, r.grpo.logprob_chunk_tokens, logit_transform(self.model.config))
@@ -407,11 +408,17 @@ class Session:
             counts[name] = counts.get(name, 0) + self.store.append_jsonl(name, rows)
         row["committed"] = commit
         counts["metrics"] += self.store.append_jsonl("metrics", [row, *decisions])
-        self.trackers.log(row)
+        self._unlogged.append(row)
         if commit:
             st["checkpoints"][role] = checkpoint
             self._commit()
             self.store.prune(role, keep=self.store.path(st["checkpoints"][role]))
+            # trackers get committed rows only: a step lost to a crash is redone
+            # on resume and logged once (wandb drops a step number it has seen,
+            # TensorBoard would keep both)
+            for done in self._unlogged:
+                self.trackers.log(done)
+            self._unlogged.clear()
         self.game.commit_step(result)
         self.hooks.step_done(row)
 
