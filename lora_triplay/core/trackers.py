@@ -6,7 +6,8 @@ logs to the run named after the run folder (`WANDB_MODE=offline` keeps it
 local; the API key comes from the environment, as wandb reads it). A
 missing package is a one-line recipe error before the model loads. Every
 numeric value of a step's row is logged as `<phase>/<key>` at the global
-step.
+step, once the step is committed (core/session.py): a step lost to a crash
+is redone on resume and reaches the trackers once.
 """
 from __future__ import annotations
 
