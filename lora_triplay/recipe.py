@@ -40,16 +40,6 @@ class _Strict(BaseModel):
 
 class ModelConfig(_Strict):
     base: str = Field("embedded:smollm2-135m", description="hub id, local folder, `embedded:smollm2-135m` or `builtin:tiny-qwen3`")
-
-    @field_validator("base")
-    @classmethod
-    def _named(cls, v: str) -> str:
-        v = v.strip()
-        if not v:
-            raise ValueError("is empty: name a hub id (Qwen/Qwen3-4B), a local folder or embedded:smollm2-135m")
-        if v.split(":", 1)[0] in ("embedded", "builtin") and v not in BUILT_IN_BASES:
-            raise ValueError(f"{v!r} is not a built-in base; known: {', '.join(BUILT_IN_BASES)}")
-        return v
     dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
         "auto", description="float64: CPU only, for equivalence checks where summation order must not matter")
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -65,6 +55,16 @@ class ModelConfig(_Strict):
         "does not fit one GPU; adapters, embeddings and lm_head stay whole on every rank"
     )
     revision: str | None = None
+
+    @field_validator("base")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("is empty: name a hub id (Qwen/Qwen3-4B), a local folder or embedded:smollm2-135m")
+        if v.split(":", 1)[0] in ("embedded", "builtin") and v not in BUILT_IN_BASES:
+            raise ValueError(f"{v!r} is not a built-in base; known: {', '.join(BUILT_IN_BASES)}")
+        return v
 
     @model_validator(mode="after")
     def _quantization_needs_cuda(self) -> "ModelConfig":
@@ -218,16 +218,16 @@ class RunConfig(_Strict):
     checkpoint_every: int = Field(
         1, ge=1, description="commit (adapter + optimizer + state.json) every N steps; the end of a phase always commits"
     )
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _one_or_many(cls, v):
-        return [v] if isinstance(v, str) else v  # `run.report_to=wandb` means [wandb]
     transcripts: int = Field(2, ge=0, description="sampled transcripts kept per step")
     snapshot_optimizer: bool = Field(
         False, description="each role's iteration snapshot also keeps its optimizer state (Adam's moments: ~2x the adapter), "
         "so one phase can be replayed as the run ran it (bench/eval_phase_replay.py)"
     )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v  # `run.report_to=wandb` means [wandb]
 
 
 class Recipe(_Strict):

@@ -328,7 +328,7 @@ def test_play_rejects_unknown_technique_and_role(tiny_run):
     assert bad.exit_code == 2 and "no request" in bad.output
     # a snapshot the run does not have fails before the base loads ("loaded ... in Ns" never printed)
     for args in (["play", tiny_run, "x", "--role", "blue@99"], ["play", tiny_run, "x", "--defender", "blue@99"],
-                 ["play", tiny_run, "x", "--iteration", "9"], ["chat", tiny_run, "--role", "eval@99"]):
+                 ["chat", tiny_run, "--role", "eval@99"]):
         bad = invoke(*args, input="hi\n")
         assert bad.exit_code == 2 and "adapter for iteration" in bad.output and "loaded " not in bad.output, (args, bad.output)
 

@@ -23,7 +23,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, OSError)
 def describe(exc: BaseException) -> str:
     """One line for the error: ours say what to do; the machine's name the
     path and the reason."""
-    if isinstance(exc, UserError) or isinstance(exc, FileNotFoundError):
+    if isinstance(exc, (UserError, FileNotFoundError)):
         return str(exc)
     if isinstance(exc, OSError) and exc.strerror and exc.filename:
         return (f"{exc.filename}: {exc.strerror} ({type(exc).__name__}, errno {exc.errno}); check the path, its permissions "

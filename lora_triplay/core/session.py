@@ -132,12 +132,11 @@ class Session:
                 state.update(done=False, iteration=nxt, phase=game.phases_of(nxt)[0], step=0)
                 log.warning("the finished run goes on to iteration %d of %d", nxt, recipe.iterations)
         else:
-            if had_state:
-                raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
             created = collective.main and not Path(run_dir).exists()
-            store.create()
-            store.lock()
-            if store.has_state():  # another process started a run here since we looked
+            if not had_state:
+                store.create()
+                store.lock()
+            if had_state or store.has_state():  # or another process started a run here since we looked
                 raise RunError(f"{run_dir} already holds a run; resume it with --resume, or choose another --run-dir")
             files = ("metrics", *game.jsonl)
             for name in files if collective.main else ():  # every run folder has the same files, empty or not
