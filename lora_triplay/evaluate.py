@@ -49,7 +49,7 @@ from .benchmarks import Benchmark, Item, load_benchmark, load_eval_set
 from .core.snapshots import SpecError, parse_iterations, parse_role
 from .errors import UserError
 from .eval_items import ItemCache, items_path
-from .judging.fixed import Case, ChatEndpoint, is_endpoint
+from .judging.fixed import Case, ChatEndpoint, check_endpoints, is_endpoint
 from .judging.generic import generic_by_meaning, generic_rate, stock_guidance
 from .judging.kept import keeps_request
 from .judging.parsing import LABELS
@@ -160,6 +160,8 @@ class Evaluator:
             raise UserError(f"{opts.run_dir}: no snapshots yet; evaluate a run that finished at least its setup")
         for spec in opts.defenders:  # a bad --defender fails now, not after every answer is generated
             self._defender(spec)
+        named = [("--judge", opts.judge)] + [("--defender", d) for d in opts.defenders]
+        check_endpoints([(what, spec) for what, spec in named if is_endpoint(spec)])  # before any answer is generated
         self.judge = make_judge(opts.judge, self.get_run, self.snaps["eval"])
         raw = f"{Path(opts.run_dir).resolve()}|{self.max_new}|{opts.temperature}|{opts.seed}"
         self.collective = collective or Collective()

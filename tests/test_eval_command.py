@@ -249,6 +249,21 @@ def test_endpoint_defender_and_judge_never_leak_the_key(tiny_run, tmp_path, endp
 
 
 @needs_data
+def test_an_unreachable_endpoint_fails_eval_before_any_answer(tiny_run, tmp_path, endpoint, monkeypatch):
+    from test_evaluate import closed_port_url
+
+    import lora_triplay.core.runs as runs
+
+    monkeypatch.setattr(runs, "open_run", lambda *a, **k: pytest.fail("the run was loaded before the endpoints were asked"))
+    for option, spec in (("--judge", f"openai:judge@{closed_port_url()}"), ("--defender", f"openai:m@{closed_port_url()}")):
+        args = ["eval", str(tiny_run), "--benchmark", f"jbb={DATA / 'jbb/harmful-behaviors.csv'}", "--out", str(tmp_path / "e.json"),
+                "--judge", f"openai:judge@{endpoint}", option, spec]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and f"{option}: " in result.output and "cannot reach the endpoint" in result.output, result.output
+        assert not (tmp_path / "e.json").exists() and not items_path(tmp_path / "e.json").exists()
+
+
+@needs_data
 def test_fixed_panel_judge(tiny_run, tmp_path):
     """`--judge panel`: the fixed expert panel on the run's bare base labels
     blue's answers (or leaves them unlabelled without a clear majority)."""

@@ -325,8 +325,31 @@ def test_red_attacks_other_models_beside_blue(tiny_model_dir, tmp_path, defender
     api = [p for p in pairs if p["defender"] == "api"]
     assert api and all(p["response"] == "I can't help with that." for p in api)
     assert {p["defender"] for p in pairs} == {"blue", "api", "local"}
-    asked = DEFENDER.bodies[0]
-    assert asked["model"] == "guard" and asked["messages"][0]["role"] == "system" and asked["temperature"] == 0.0
+    ping, asked = DEFENDER.bodies[:2]  # one 1-token question before the model loaded (core/session.py), then the game's
+    assert ping["max_tokens"] == 1 and asked["model"] == "guard"
+    assert asked["messages"][0]["role"] == "system" and asked["temperature"] == 0.0
+
+
+def test_a_run_asks_its_endpoints_before_the_model_loads(tiny_model_dir, tmp_path, monkeypatch):
+    """An endpoint defender that does not answer fails the run's start in one
+    line naming its recipe key, before minutes of model loading."""
+    from test_evaluate import closed_port_url
+
+    import lora_triplay.core.session as session_module
+    from lora_triplay.core.session import Session
+    from lora_triplay.judging.fixed import JudgeError
+
+    monkeypatch.setattr(session_module, "load_role_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    recipe = build_recipe({**RECIPE, "model": {"base": tiny_model_dir, "device": "cpu", "dtype": "float32"},
+                           "defenders": [{"name": "blue"}, {"name": "api", "model": f"openai:guard@{closed_port_url()}"}]})
+    with pytest.raises(JudgeError, match=r"^defenders\[api\]\.model: .*cannot reach the endpoint"):
+        Session.open(recipe, tmp_path / "run")
+    from lora_triplay.games import make_game
+
+    url = "openai:m@http://127.0.0.1:9/v1"
+    every = build_recipe({**RECIPE, "experts": {**RECIPE["experts"], "models": ["self", url]},
+                          "rewards": {**RECIPE["rewards"], "blue_judge": url}})
+    assert make_game(every).endpoints() == [("experts.models", url), ("rewards.blue_judge", url)]
 
 
 def test_a_model_defender_needs_its_own_name():
@@ -364,5 +387,6 @@ def test_blue_against_an_endpoint_judge_on_a_fixed_attack_file(tiny_model_dir, t
     assert [r["prompt"] for r in rows[::2]] == ["attack number 0", "attack number 1", "attack number 2", "attack number 0"]
     blue = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"phase": "blue"' in x]
     assert all(r["rate_positive"] == 1.0 and r["reward_mean"] == 1.0 for r in blue)
-    assert judge.seen and all("<<<BEGIN_RESPONSE>>>" in m["messages"][-1]["content"] for m in judge.bodies)
+    assert judge.bodies[0]["max_tokens"] == 1  # asked once before the run started
+    assert len(judge.seen) > 1 and all("<<<BEGIN_RESPONSE>>>" in m["messages"][-1]["content"] for m in judge.bodies[1:])
     assert session.state["attack_cursor"] == 4

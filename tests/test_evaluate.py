@@ -23,7 +23,7 @@ from lora_triplay.evaluate import (
     distribution,
     over_refusal_rate,
 )
-from lora_triplay.judging.fixed import Case, JudgeError, OpenAIJudge, RulesJudge
+from lora_triplay.judging.fixed import Case, JudgeError, OpenAIJudge, RulesJudge, check_endpoints
 from lora_triplay.judging.refusals import refused
 from lora_triplay.triplay.judges import make_judge
 from lora_triplay.triplay.rewards.diversity import HashingEncoder, output_diversity
@@ -186,6 +186,31 @@ def test_endpoint_judge(endpoint):
     assert "HTTP 401" in str(err.value) and "SECRET" not in str(err.value)
     with pytest.raises(JudgeError, match="openai:MODEL@URL"):
         make_judge("openai:no-url")
+
+
+def closed_port_url() -> str:
+    """An http URL on loopback where nothing listens."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_endpoints_are_asked_once_each_before_use(endpoint):
+    """check_endpoints asks each distinct endpoint one 1-token question; an
+    unreachable one or a refused key fails in one line that names the
+    recipe key or option it came from, without the key."""
+    good = f"openai:judge@{endpoint}"
+    check_endpoints([("experts.models", good), ("rewards.blue_judge", good)])
+    assert len(CANNED.seen) == 1 and CANNED.bodies[0]["max_tokens"] == 1
+    with pytest.raises(JudgeError, match=r"^defenders\[api\]\.model: .*cannot reach the endpoint"):
+        check_endpoints([("experts.models", good), ("defenders[api].model", f"openai:m@{closed_port_url()}")])
+    CANNED.status = 401
+    with pytest.raises(JudgeError, match=r"^--judge: .*HTTP 401 \(set LORA_TRIPLAY_JUDGE_API_KEY\)") as err:
+        check_endpoints([("--judge", good)])
+    assert "SECRET" not in str(err.value)
 
 
 def test_summary_lines_say_why_a_value_is_missing():

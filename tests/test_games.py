@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lora_triplay.engine.base import Completion
-from lora_triplay.games import available, game_class
+from lora_triplay.games import available, game_class, make_game
 from lora_triplay.games.taboo import Episode, judge_line, load_words, turn_samples
 from lora_triplay.recipe import RecipeError, load_recipe
 
@@ -182,7 +182,10 @@ def test_feedback_rewards_format_labels_and_label_conditioned_improvement():
 def test_waltz_judge_is_checked():
     with pytest.raises(RecipeError, match="game_config.judge"):
         load_recipe(ROOT / "recipes" / "waltz.yaml", ["game_config.judge=eval"])
-    assert load_recipe(ROOT / "recipes" / "waltz.yaml", ["game_config.judge=openai:m@http://127.0.0.1:9/v1"]).game_config["judge"].startswith("openai:")
+    spec = "openai:m@http://127.0.0.1:9/v1"
+    recipe = load_recipe(ROOT / "recipes" / "waltz.yaml", [f"game_config.judge={spec}"])
+    assert make_game(recipe).endpoints() == [("game_config.judge", spec)]  # asked before the model loads (core/session.py)
+    assert make_game(load_recipe(ROOT / "recipes" / "waltz.yaml")).endpoints() == []
 
 
 GAME_RUNS = {

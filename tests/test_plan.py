@@ -128,6 +128,26 @@ def test_unplannable_config_is_one_line(tmp_path):
     assert proc.returncode == 2 and "dense decoder" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "no DNS"])
+def test_an_uncached_hub_id_without_a_hub_is_one_line_at_once(monkeypatch, offline):
+    """Without this check huggingface_hub retried the download five times
+    (26 s measured here) before a traceback of retries."""
+    import time
+
+    from huggingface_hub import constants
+
+    from lora_triplay.bases import ModelError, resolve_base
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline == "HF_HUB_OFFLINE")  # conftest sets it for every test
+    monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")  # .invalid never resolves (RFC 2606)
+    t0 = time.perf_counter()
+    for call in (lambda: load_shape("nobody/no-such-model-3b"), lambda: resolve_base("nobody/no-such-model-3b")):
+        with pytest.raises(ModelError, match="'nobody/no-such-model-3b' is not in the local Hugging Face cache and the hub "
+                                             f"cannot be reached \\({'HF_HUB_OFFLINE is set' if offline == 'HF_HUB_OFFLINE' else 'hub.invalid'}"):
+            call()
+    assert time.perf_counter() - t0 < 5
+
+
 def test_shape_from_nested_text_config():
     cfg = {"text_config": {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
                            "vocab_size": 10}}

@@ -103,6 +103,64 @@ def test_a_run_folder_is_held_by_one_process(tmp_path):
     mine.unlock()
 
 
+def test_a_new_run_never_writes_into_a_folder_of_the_users(tmp_path, tiny_model_dir):
+    """A new run in a folder holding the user's files (their recipe.yaml
+    among them) is refused before anything is written or chmodded there; an
+    empty folder, or what a start killed before its first commit left,
+    takes the run."""
+    from lora_triplay.core.session import Session
+    from lora_triplay.errors import UserError
+    from lora_triplay.recipe import build_recipe
+
+    recipe = build_recipe({"model": {"base": tiny_model_dir, "device": "cpu", "dtype": "float32"},
+                           "phases": {"red": {"steps": 0}, "blue": {"steps": 0}, "eval": {"steps": 0}}})
+    mine = tmp_path / "project"
+    mine.mkdir(mode=0o755)
+    (mine / "recipe.yaml").write_text("# my notes\n")
+    (mine / "notes.txt").write_text("keep me\n")
+    with pytest.raises(UserError, match=r"holds files that are not a run's \(notes\.txt\) and no run"):
+        Session.open(recipe, mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "recipe.yaml"]
+    assert (mine / "recipe.yaml").read_text() == "# my notes\n" and (mine.stat().st_mode & 0o777) == 0o755
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UserError, match="is a file; a run needs a folder"):
+        Session.open(recipe, tmp_path / "a-file")
+    killed = tmp_path / "killed"  # a start killed after its first files, before state.json
+    (killed / "red").mkdir(parents=True)
+    for name in ("metrics.jsonl", "asp.jsonl", ".state.json.x1y2"):
+        (killed / name).touch()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder in (killed, empty):
+        Session.open(recipe, folder).run()
+        assert json.loads((folder / "state.json").read_text())["done"]
+
+
+def test_a_disk_that_refuses_a_checkpoint_is_an_os_error(tmp_path):
+    """safetensors wraps the OS's refusal in its own error type (a
+    traceback for the user); the optimizer state's writer raises it as the
+    OSError it is, which the CLI words in one line. The refusal here is real:
+    a file-size limit in a child process (EFBIG, as a full disk's ENOSPC)."""
+    import subprocess
+    import sys
+
+    code = ("import resource, signal, sys, torch\n"
+            "from pathlib import Path\n"
+            "from lora_triplay.core.store import RunStore\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "w = torch.nn.Parameter(torch.zeros(4096))\n"
+            "opt = torch.optim.AdamW([w])\n"
+            "w.grad = torch.ones(4096)\n"
+            "opt.step()\n"
+            "try:\n"
+            "    RunStore.save_optimizer(Path(sys.argv[1]), opt)\n"
+            "except OSError as exc:\n"
+            "    print(type(exc).__name__, exc.errno, exc.filename)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["OSError", "27", str(tmp_path / "optimizer.safetensors")], out.stderr
+
+
 def test_run_folder_is_private(tmp_path):
     store = RunStore(tmp_path / "run").create()
     assert (store.root.stat().st_mode & 0o777) == 0o700

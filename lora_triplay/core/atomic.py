@@ -4,6 +4,7 @@ rename (atomic on POSIX). The one place the project does it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,22 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_tensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, with the disk's refusal (full, read-only,
+    over a file-size limit) raised as the OSError it is: safetensors wraps it
+    in its own error type, which reached the user as a traceback."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as exc:
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
 def write_file(path: Path, data: bytes) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UserError
 from ..games import StepResult, make_game
+from ..judging.fixed import check_endpoints
 from ..model import (
     activate,
     adapter_parameters,
@@ -107,6 +108,8 @@ class Session:
         game = make_game(recipe)
         created, changed = False, []
         had_state = store.has_state()
+        if not resume and not had_state:  # every rank: they raise alike
+            RunStore(run_dir).check_new_run_folder([*game.roles, *(f"{n}.jsonl" for n in ("metrics", *game.jsonl))])
         collective.barrier()  # every rank has looked before rank 0 writes
         if resume:
             if not had_state:
@@ -172,6 +175,7 @@ class Session:
             check_fits_gpu(r, self.collective.world)
         if fresh:
             check_lora_targets(r.model, r.lora)  # a typo among the names would leave a projection without LoRA
+        check_endpoints(self.game.endpoints())  # a wrong URL, key or model name: now, not at the first judging
         t0 = time.perf_counter()
         game = self.game
         shared = self._load_shared()

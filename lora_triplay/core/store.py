@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .atomic import write_file, write_folder
+from .atomic import save_tensors, write_file, write_folder
 from .faults import crash_point
 
 atomic_write = write_file  # the name the rest of the code and the tests use
@@ -83,6 +83,25 @@ class RunStore:
         fd = _HELD.pop(os.path.realpath(self.root), None)
         if fd is not None:
             os.close(fd)
+
+    def check_new_run_folder(self, own: Iterable[str]) -> None:
+        """Refuse to start a run in a folder that holds something a run did
+        not write (`own`: the names a run writes, besides state.json and the
+        trackers' folders): the run would chmod it to the user alone and
+        write beside, or over, what is there (a `recipe.yaml` of the user's).
+        A new folder, an empty one, or what a start killed before its first
+        commit left behind is fine."""
+        if not self.root.is_dir():
+            if self.root.exists():
+                raise UserError(f"--run-dir {self.root} is a file; a run needs a folder: choose another --run-dir")
+            return
+        names = {"state.json", "recipe.yaml", "checkpoints", "tensorboard", "wandb", *own}
+        foreign = sorted(p.name for p in self.root.iterdir()
+                         if p.name not in names and not any(p.name.startswith(f".{n}.") for n in names))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise UserError(f"{self.root} holds files that are not a run's ({shown}) and no run (no state.json): a new run "
+                            "needs a new or empty folder; choose another --run-dir (or --resume a run's own folder)")
 
     # ---------------------------------------------------------------- files
     def path(self, *parts: str) -> Path:
@@ -208,8 +227,6 @@ class RunStore:
     @staticmethod
     def save_optimizer(folder: Path, optimizer: torch.optim.Optimizer) -> None:
         """Optimizer state as safetensors + JSON: no pickle on disk."""
-        from safetensors.torch import save_file
-
         sd = optimizer.state_dict()
         tensors, scalars = {}, {}
         for idx, entry in sd["state"].items():
@@ -218,7 +235,7 @@ class RunStore:
                     tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
                 else:
                     scalars[f"{idx}.{key}"] = value
-        save_file(tensors or {"_empty": torch.zeros(1)}, str(folder / "optimizer.safetensors"))
+        save_tensors(tensors or {"_empty": torch.zeros(1)}, folder / "optimizer.safetensors")
         (folder / "optimizer.json").write_text(json.dumps({"param_groups": sd["param_groups"], "scalars": scalars}))
 
     @staticmethod

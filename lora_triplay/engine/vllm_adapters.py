@@ -29,12 +29,14 @@ log = logging.getLogger(__name__)
 def write_zero_adapter(template: Path, folder: Path) -> Path:
     """Copy a PEFT adapter folder with every lora_B set to zero: serves the
     base model through the LoRA path (exactly x @ A @ 0 = 0)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+
+    from ..core.atomic import save_tensors
 
     folder.mkdir(parents=True, exist_ok=True)
     state = load_file(str(Path(template) / "adapter_model.safetensors"))
     zero = {k: (torch.zeros_like(v) if "lora_B" in k else v).contiguous() for k, v in state.items()}
-    save_file(zero, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_tensors(zero, folder / "adapter_model.safetensors", metadata={"format": "pt"})
     shutil.copy2(Path(template) / "adapter_config.json", folder / "adapter_config.json")
     return folder
 

@@ -131,6 +131,11 @@ class Game:
         """Adapters served beside the roles' (past snapshots): memory planning, vLLM's LoRA slots."""
         return 0
 
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(the recipe key naming it, `openai:MODEL@URL`) for every endpoint
+        the game will call: each is asked once before the model loads."""
+        return []
+
     def initial_state(self) -> dict[str, Any]:
         """The game's keys in a new run's `state.json`."""
         return {}

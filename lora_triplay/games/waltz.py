@@ -164,6 +164,9 @@ class Waltz(Game):
             self._verdicts.update({x: verdict(lab, x[2]) for x, lab in zip(todo, labels)})
         return [self._verdicts[x] for x in items]
 
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [("game_config.judge", self.config.judge)] if is_endpoint(self.config.judge) else []
+
     def phases_of(self, iteration: int) -> list[str]:
         return ["feedback"] if iteration <= self.config.stage1_iterations else ["feedback", "conversation"]
 

@@ -137,6 +137,21 @@ class ChatEndpoint:
             raise self._error(exc) from None
 
 
+def check_endpoints(named: Sequence[tuple[str, str]]) -> None:
+    """Ask every distinct endpoint of `named` ((what names it, spec) pairs)
+    one 1-token question, so a wrong URL, key or model name fails in one line
+    before a model loads, not minutes into a run at its first judging."""
+    seen: set[str] = set()
+    for what, spec in named:
+        if spec in seen:
+            continue
+        seen.add(spec)
+        try:
+            ChatEndpoint(spec, timeout=30.0, retries=1).complete([[{"role": "user", "content": "Reply with OK."}]], max_tokens=1)
+        except JudgeError as exc:
+            raise JudgeError(f"{what}: {exc}") from None
+
+
 class OpenAIJudge:
     """An OpenAI-compatible endpoint asked with a judge template:
     `messages(prompt, response)` builds the chat (a game's own template,

@@ -91,6 +91,15 @@ class TriPlay(Game):
         r = self.recipe
         return sum(1 for d in r.defenders if "@" in d.name) + 2 * r.league.size
 
+    def endpoints(self) -> list[tuple[str, str]]:
+        from ..judging.fixed import is_endpoint
+
+        r = self.recipe
+        named = [("experts.models", m) for m in r.experts.models]
+        named += [(f"defenders[{d.name}].model", d.model) for d in r.defenders if d.model]
+        named.append(("rewards.blue_judge", r.rewards.blue_judge))
+        return [(what, spec) for what, spec in named if is_endpoint(spec)]
+
     def initial_state(self) -> dict:
         return {"cursor": 0, "benign_cursor": 0}
 
