@@ -95,32 +95,45 @@ def resolve_base(spec: str, revision: str | None = None) -> str:
         if not (path / "config.json").is_file():
             raise ModelError(f"model.base = {spec!r} is a folder without config.json; point it at a Hugging Face model folder")
         return str(path)
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+    if not looks_like_hub_id(spec):
         raise ModelError(f"model.base = {spec!r}: no such folder, and it is not a hub id like `Qwen/Qwen3-4B`")
     check_hub_id(spec, revision)
     return spec
 
 
-def check_hub_id(spec: str, revision: str | None = None) -> None:
+def looks_like_hub_id(spec: str) -> bool:
+    return not spec.startswith((".", "/", "~")) and spec.count("/") == 1
+
+
+def check_hub_id(spec: str, revision: str | None = None, what: str = "model.base") -> None:
     """A hub id that is not in the local cache, on a machine that cannot
     reach the hub, fails now in one line: huggingface_hub would retry the
     download five times (26 s measured offline) and then fail with a
-    traceback of retries."""
+    traceback of retries. Behind an https proxy the hub's name need not
+    resolve here, so the check leaves the download to the proxy."""
     import socket
+    import urllib.request
     from urllib.parse import urlparse
 
     from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
 
-    if isinstance(try_to_load_from_cache(spec, "config.json", revision=revision), str):
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json", revision=revision), str):
+            return
+    except HFValidationError:  # not a hub id at all: from_pretrained words that
         return
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
     if constants.HF_HUB_OFFLINE:
         why = "HF_HUB_OFFLINE is set"
+    elif {"https", "all"} & set(urllib.request.getproxies()) and not urllib.request.proxy_bypass(host):
+        return
     else:
-        host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
         try:
             socket.getaddrinfo(host, 443)  # no name, no hub; a hub that resolves is left to the download
             return
         except OSError as exc:
             why = f"{host} does not resolve ({exc.strerror or exc})"
-    raise ModelError(f"model.base = {spec!r} is not in the local Hugging Face cache and the hub cannot be reached ({why}); "
-                     f"download it where there is a network (`hf download {spec}`) or point model.base at a local folder")
+    at = f" at revision {revision!r}" if revision else ""
+    raise ModelError(f"{what} = {spec!r}{at} is not in the local Hugging Face cache and the hub cannot be reached ({why}); "
+                     f"download it where there is a network (`hf download {spec}`) or point {what} at a local folder")

@@ -160,8 +160,6 @@ class Evaluator:
             raise UserError(f"{opts.run_dir}: no snapshots yet; evaluate a run that finished at least its setup")
         for spec in opts.defenders:  # a bad --defender fails now, not after every answer is generated
             self._defender(spec)
-        named = [("--judge", opts.judge)] + [("--defender", d) for d in opts.defenders]
-        check_endpoints([(what, spec) for what, spec in named if is_endpoint(spec)])  # before any answer is generated
         self.judge = make_judge(opts.judge, self.get_run, self.snaps["eval"])
         raw = f"{Path(opts.run_dir).resolve()}|{self.max_new}|{opts.temperature}|{opts.seed}"
         self.collective = collective or Collective()
@@ -173,6 +171,7 @@ class Evaluator:
         self.work = {"generated": 0, "judged": 0, "reused": 0}
         self.techniques = load_techniques(self.recipe.data.techniques)
         self.endpoints: dict[str, ChatEndpoint] = {}
+        self._endpoints_checked = False
 
     def get_run(self):
         if self._run is None:
@@ -225,6 +224,10 @@ class Evaluator:
         reused = sum(r is not None for r in rows)
         self.work["reused"] += reused
         todo = [i for i, r in enumerate(rows) if r is None]
+        if todo and not self._endpoints_checked:  # before the first answer; an eval read from its items file asks nothing
+            named = [("--judge", self.opts.judge)] + [("--defender", d) for d in self.opts.defenders]
+            check_endpoints([(what, spec) for what, spec in named if is_endpoint(spec)], self.collective)
+            self._endpoints_checked = True
         task = None
         if bar is not None:
             task = bar.add_task(what + (f" ({reused} of {len(units)} reused)" if reused else ""), total=len(todo))

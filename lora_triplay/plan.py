@@ -131,9 +131,10 @@ def load_shape(base: str, revision: str | None = None, trust_remote_code: bool =
 
         folder = Path(resolve_base(base, revision))
         return Shape.from_config(json.loads((folder / "config.json").read_text()), base)
-    from .bases import check_hub_id
+    from .bases import check_hub_id, looks_like_hub_id
 
-    check_hub_id(base, revision)
+    if looks_like_hub_id(base):
+        check_hub_id(base, revision)
     try:
         from transformers import AutoConfig
 

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from chat_endpoint import CANNED
 from test_evaluate import DATA, needs_data  # noqa: E402
 from typer.testing import CliRunner
 
@@ -246,6 +247,10 @@ def test_endpoint_defender_and_judge_never_leak_the_key(tiny_run, tmp_path, endp
     assert all(r["judge"] == res["judge"] for r in _rows(out) if r["defender"] == ep)
     for text in (out.read_text(), items_path(out).read_text(), output, caplog.text):
         assert "SECRET" not in text
+    asked, CANNED.status = len(CANNED.seen), 401  # the same eval again, its key now refused: every row is read
+    again, _ = _eval(tiny_run, out, "--limit", "2", "--roles", "red", "--iterations", "2", "--no-progress",  # from the items
+                     "--defender", f"openai:defender@{endpoint}", "--judge", f"openai:judge@{endpoint}")  # file, nothing asked
+    assert len(CANNED.seen) == asked and again["red"] == res["red"] and again["work"]["generated"] == 0
 
 
 @needs_data

@@ -350,6 +350,9 @@ def test_a_run_asks_its_endpoints_before_the_model_loads(tiny_model_dir, tmp_pat
     every = build_recipe({**RECIPE, "experts": {**RECIPE["experts"], "models": ["self", url]},
                           "rewards": {**RECIPE["rewards"], "blue_judge": url}})
     assert make_game(every).endpoints() == [("experts.models", url), ("rewards.blue_judge", url)]
+    silent = build_recipe({**RECIPE, "experts": {**RECIPE["experts"], "models": ["self", url], "safety_experts": 0, "utility_experts": 0,
+                                                                   "min_votes": 1}})
+    assert make_game(silent).endpoints() == []  # no prompted expert speaks: nothing to ask
 
 
 def test_a_model_defender_needs_its_own_name():

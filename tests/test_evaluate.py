@@ -3,6 +3,7 @@ scoring with hand-computed expectations, the rules and endpoint judges.
 The whole command on a tiny-model run is tests/test_eval_command.py."""
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -198,10 +199,10 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def test_endpoints_are_asked_once_each_before_use(endpoint):
+def test_endpoints_are_asked_once_each_before_use(endpoint, caplog):
     """check_endpoints asks each distinct endpoint one 1-token question; an
     unreachable one or a refused key fails in one line that names the
-    recipe key or option it came from, without the key."""
+    recipe key or option it came from, without the key; a 5xx only warns."""
     good = f"openai:judge@{endpoint}"
     check_endpoints([("experts.models", good), ("rewards.blue_judge", good)])
     assert len(CANNED.seen) == 1 and CANNED.bodies[0]["max_tokens"] == 1
@@ -211,6 +212,10 @@ def test_endpoints_are_asked_once_each_before_use(endpoint):
     with pytest.raises(JudgeError, match=r"^--judge: .*HTTP 401 \(set LORA_TRIPLAY_JUDGE_API_KEY\)") as err:
         check_endpoints([("--judge", good)])
     assert "SECRET" not in str(err.value)
+    CANNED.status = 503  # a server waking up, or overloaded: a warning, the real requests retry
+    with caplog.at_level(logging.WARNING):
+        check_endpoints([("--judge", good)])
+    assert "answered a 1-token question with HTTP 503; going on" in caplog.text
 
 
 def test_summary_lines_say_why_a_value_is_missing():

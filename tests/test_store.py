@@ -118,19 +118,23 @@ def test_a_new_run_never_writes_into_a_folder_of_the_users(tmp_path, tiny_model_
     mine.mkdir(mode=0o755)
     (mine / "recipe.yaml").write_text("# my notes\n")
     (mine / "notes.txt").write_text("keep me\n")
-    with pytest.raises(UserError, match=r"holds files that are not a run's \(notes\.txt\) and no run"):
+    with pytest.raises(UserError, match=r"holds files that are not a run's \(notes\.txt, recipe\.yaml\) and no run"):
         Session.open(recipe, mine)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "recipe.yaml"]
     assert (mine / "recipe.yaml").read_text() == "# my notes\n" and (mine.stat().st_mode & 0o777) == 0o755
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(UserError, match="is a file; a run needs a folder"):
+    with pytest.raises(UserError, match="is a file, and a run needs a folder"):
         Session.open(recipe, tmp_path / "a-file")
+    (mine / "notes.txt").unlink()  # the user's recipe.yaml alone: still the user's (no metrics.jsonl: no run began here)
+    with pytest.raises(UserError, match=r"not a run's \(recipe\.yaml\)"):
+        Session.open(recipe, mine)
+    assert (mine / "recipe.yaml").read_text() == "# my notes\n"
     killed = tmp_path / "killed"  # a start killed after its first files, before state.json
     (killed / "red").mkdir(parents=True)
     for name in ("metrics.jsonl", "asp.jsonl", ".state.json.x1y2"):
         (killed / name).touch()
     empty = tmp_path / "empty"
-    empty.mkdir()
+    (empty / "lost+found").mkdir(parents=True)  # a fresh filesystem's root
     for folder in (killed, empty):
         Session.open(recipe, folder).run()
         assert json.loads((folder / "state.json").read_text())["done"]

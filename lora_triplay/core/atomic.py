@@ -32,7 +32,7 @@ def save_tensors(tensors: dict, path: Path, metadata: dict[str, str] | None = No
     try:
         save_file(tensors, str(path), metadata=metadata)
     except SafetensorError as exc:
-        code = re.search(r"os error (\d+)", str(exc))
+        code = re.search(r"(?:os error |code: )(\d+)", str(exc))  # 0.8's wording, then older versions' IoError(Os { code: N ...
         if code is None:
             raise
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None

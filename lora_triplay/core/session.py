@@ -175,7 +175,7 @@ class Session:
             check_fits_gpu(r, self.collective.world)
         if fresh:
             check_lora_targets(r.model, r.lora)  # a typo among the names would leave a projection without LoRA
-        check_endpoints(self.game.endpoints())  # a wrong URL, key or model name: now, not at the first judging
+        check_endpoints(self.game.endpoints(), self.collective)  # a wrong URL, key or model name: now, not at the first judging
         t0 = time.perf_counter()
         game = self.game
         shared = self._load_shared()

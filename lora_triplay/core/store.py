@@ -34,6 +34,7 @@ from .atomic import save_tensors, write_file, write_folder
 from .faults import crash_point
 
 atomic_write = write_file  # the name the rest of the code and the tests use
+IGNORED = {"lost+found", ".DS_Store"}  # what a filesystem or a file browser puts in any folder
 _HELD: dict[str, int] = {}  # run folders this process holds (RunStore.lock), by real path
 
 
@@ -90,14 +91,15 @@ class RunStore:
         trackers' folders): the run would chmod it to the user alone and
         write beside, or over, what is there (a `recipe.yaml` of the user's).
         A new folder, an empty one, or what a start killed before its first
-        commit left behind is fine."""
+        commit left behind (it always begins with metrics.jsonl) is fine."""
         if not self.root.is_dir():
             if self.root.exists():
-                raise UserError(f"--run-dir {self.root} is a file; a run needs a folder: choose another --run-dir")
+                raise UserError(f"{self.root} is a file, and a run needs a folder: choose another --run-dir (or run.root / run.name)")
             return
         names = {"state.json", "recipe.yaml", "checkpoints", "tensorboard", "wandb", *own}
+        started = (self.root / "metrics.jsonl").is_file()
         foreign = sorted(p.name for p in self.root.iterdir()
-                         if p.name not in names and not any(p.name.startswith(f".{n}.") for n in names))
+                         if p.name not in IGNORED and not (started and (p.name in names or any(p.name.startswith(f".{n}.") for n in names))))
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise UserError(f"{self.root} holds files that are not a run's ({shown}) and no run (no state.json): a new run "

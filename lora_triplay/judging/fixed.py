@@ -137,19 +137,53 @@ class ChatEndpoint:
             raise self._error(exc) from None
 
 
-def check_endpoints(named: Sequence[tuple[str, str]]) -> None:
+def check_endpoints(named: Sequence[tuple[str, str]], collective=None) -> None:
     """Ask every distinct endpoint of `named` ((what names it, spec) pairs)
     one 1-token question, so a wrong URL, key or model name fails in one line
-    before a model loads, not minutes into a run at its first judging."""
-    seen: set[str] = set()
+    before a model loads, not minutes into a run at its first judging. Only
+    what cannot right itself fails (no connection, HTTP 401/403/404); a
+    timeout, 429 or 5xx (a server waking up, a rate limit) is logged and
+    left to the client's retries when the run asks for real. With several
+    processes (`collective`) rank 0 asks and every rank raises what it found."""
+    first: dict[str, str] = {}  # spec -> the first key naming it
     for what, spec in named:
-        if spec in seen:
-            continue
-        seen.add(spec)
-        try:
-            ChatEndpoint(spec, timeout=30.0, retries=1).complete([[{"role": "user", "content": "Reply with OK."}]], max_tokens=1)
-        except JudgeError as exc:
-            raise JudgeError(f"{what}: {exc}") from None
+        first.setdefault(spec, what)
+    if not first:  # every rank reads the same recipe: all return here, or none
+        return
+    problem = ""
+    if collective is None or collective.main:
+        problem = next(filter(None, (_problem(spec, what) for spec, what in first.items())), "")
+    if collective is not None and collective.world > 1:
+        problem = collective.gather(problem)[0]
+    if problem:
+        raise JudgeError(problem)
+
+
+def _problem(spec: str, what: str) -> str:
+    """'' when `spec` answers (or may answer once it has woken up), else the error line."""
+    import logging
+
+    import openai
+
+    endpoint = ChatEndpoint(spec)
+    client = openai.OpenAI(base_url=endpoint.base_url, api_key=_api_key() or "unused", max_retries=0, timeout=30.0)
+    try:
+        client.chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "Reply with OK."}], max_tokens=1)
+        return ""
+    except openai.APIStatusError as exc:
+        if exc.status_code in (401, 403, 404):
+            said = endpoint._scrub(" ".join(str(exc.message).split()))[:200]
+            return f"{what}: {endpoint._error(exc)}: {said} (from a 1-token question asked before the run)"
+        fault = f"HTTP {exc.status_code}"
+    except openai.APITimeoutError:
+        fault = "no answer in 30 s"
+    except openai.APIConnectionError as exc:
+        return f"{what}: {endpoint._error(exc)}"
+    finally:
+        client.close()
+    logging.getLogger(__name__).warning("%s: %s answered a 1-token question with %s; going on (the real requests retry)",
+                                        what, endpoint.name, fault)
+    return ""
 
 
 class OpenAIJudge:

@@ -95,7 +95,8 @@ class TriPlay(Game):
         from ..judging.fixed import is_endpoint
 
         r = self.recipe
-        named = [("experts.models", m) for m in r.experts.models]
+        asked = r.experts.safety_experts + r.experts.utility_experts > 0  # else the prompted experts never speak
+        named = [("experts.models", m) for m in r.experts.models if asked]
         named += [(f"defenders[{d.name}].model", d.model) for d in r.defenders if d.model]
         named.append(("rewards.blue_judge", r.rewards.blue_judge))
         return [(what, spec) for what, spec in named if is_endpoint(spec)]
