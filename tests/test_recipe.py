@@ -335,6 +335,12 @@ def test_cli_validate_reports_a_bad_recipe(tmp_path: Path):
     assert "iteratons" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_cli_validate_takes_overrides_as_run_does():
+    proc = _cli("validate", "recipes/smoke.yaml", "iterations=0")
+    assert proc.returncode == 2 and "`iterations` = 0 is invalid" in proc.stderr, proc.stderr
+    assert _cli("validate", "recipes/smoke.yaml", "iterations=2").returncode == 0
+
+
 @pytest.mark.parametrize(
     "text,needle",
     [("grpo:\n  group_sise: 4\n", "did you mean `grpo.group_size`"), ("iterations: two\n", "`iterations`")],

@@ -93,15 +93,21 @@ def _interrupted(recipe_path: Path, overrides: list[str], folder: Optional[Path]
 
 
 def validate(
-    recipes: List[Path] = typer.Argument(..., metavar="RECIPE...", help="recipe files to check"),
+    recipes: List[Path] = typer.Argument(..., metavar="RECIPE... [KEY=VALUE]...", help="recipe files to check, then overrides as for `run`"),
     overrides: List[str] = typer.Option([], "--set", help="dotted override applied to each, e.g. --set iterations=2"),
 ) -> None:
     """Check recipes without loading a model.
 
-    Example: `lora-triplay validate recipes/*.yaml`
+    Example: `lora-triplay validate recipes/*.yaml`, `lora-triplay validate recipes/14b.yaml iterations=2`
     """
     from ..recipe import RecipeError, load_recipe
 
+    # `key=value` after the files, as `run` and `plan` take it (a file whose name holds "=" stays a file)
+    given = [str(p) for p in recipes if "=" in p.name and not p.exists()]
+    recipes, overrides = [p for p in recipes if str(p) not in given], [*given, *overrides]
+    if not recipes:
+        typer.secho("error: no recipe file to check; give one before the overrides", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_USER_ERROR)
     bad = 0
     for path in recipes:
         try:
