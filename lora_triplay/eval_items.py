@@ -27,13 +27,13 @@ class ItemCache:
             data = data[: data.rfind(b"\n") + 1]
             if writer:
                 self.path.write_bytes(data)
-        for line in data.decode("utf-8").splitlines():
+        for line in data.splitlines():  # a row damaged by hand or by the disk is computed again, not fatal
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+                if isinstance(row, dict) and row.get("sig") == signature:
+                    self._index(row)
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
                 continue
-            if row.get("sig") == signature:
-                self._index(row)
 
     @staticmethod
     def key(bench: str, it: int, role: str, defender: str, item: str) -> tuple:

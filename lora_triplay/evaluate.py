@@ -460,6 +460,9 @@ def run_eval(opts: EvalOptions, console=None) -> dict:
     names = [b.name for b in benches]
     if len(set(names)) != len(names):
         raise UserError(f"benchmark names repeat ({names}); give each one as NAME=PATH")
+    from .outputs import check_eval_out
+
+    check_eval_out(opts.out)  # never over a run's own files, an input, or a file eval did not write
     ev = Evaluator(opts)
     result: dict = {"run": str(Path(opts.run_dir).resolve()), "judge": ev.judge.name, "limit": opts.limit,
                     "started": started, "settings": {"max_new_tokens": ev.max_new, "temperature": opts.temperature, "seed": opts.seed},

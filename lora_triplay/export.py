@@ -128,7 +128,11 @@ def _is_export(folder: Path) -> bool:
 
 def _check_target(out: Path, force: bool, run_dir: Path) -> None:
     """`--force` replaces an earlier export, and nothing else: never a file,
-    the run folder, a folder holding it, or a folder of other things."""
+    the run folder, a folder holding it, or a folder of other things; and
+    never into what a run manages (a resume prunes its checkpoints)."""
+    from .outputs import check_export_out
+
+    check_export_out(out)
     if not out.exists() and not out.is_symlink():
         return
     if out.is_file() or not out.is_dir():

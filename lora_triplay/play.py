@@ -300,6 +300,11 @@ def chat_loop(session: ChatSession, stdin: TextIO, say: Callable[[str], None], p
         text = line.strip()
         if not text:
             continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
+            say("[error: that line is not UTF-8 text; type it again]")
+            continue
         if text.startswith("/"):
             cmd, _, arg = text.partition(" ")
             arg = arg.strip()

@@ -135,7 +135,7 @@ class EngineConfig(_Strict):
 class GrpoConfig(_Strict):
     group_size: int = Field(4, ge=2, description="completions per prompt (GRPO needs >= 2)")
     prompts_per_step: int = Field(4, ge=1)
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(1e-5, gt=0, le=1.0)  # Adam moves each weight by ~lr a step: above 1, every step overshoots
     weight_decay: float = Field(0.0, ge=0)
     clip_epsilon: float = Field(0.2, gt=0)
     clip_epsilon_high: float | None = Field(None, gt=0, description="DAPO clip-higher; defaults to clip_epsilon")
@@ -379,7 +379,8 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A recipe file's keys (no `extends:` resolved), or one line saying what is wrong with the file."""
     if path.is_dir():
         raise RecipeError(f"{path} is a folder; pass a recipe file, e.g. {path / 'smoke.yaml'}")
     if not path.is_file():
@@ -420,7 +421,7 @@ def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = 
     if path.resolve() in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
         raise RecipeError(f"{path}: `extends` goes round in a circle ({chain}); remove one of them")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is not None:
         if not isinstance(parent, str):

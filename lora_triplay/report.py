@@ -16,11 +16,14 @@ Writes into the output folder:
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 from .errors import UserError
 from .triplay.control import CONTROL
+
+log = logging.getLogger(__name__)
 
 PHASES = ("red", "blue", "eval")
 # panel -> (title, y label, [(series name, phase or None, metrics key)])
@@ -49,24 +52,33 @@ def read_metrics(run_dir: Path) -> list[dict]:
     file = Path(run_dir) / "metrics.jsonl"
     if not file.is_file():
         raise UserError(f"{file}: no metrics; pass a run folder written by `lora-triplay run`")
-    rows = []
-    for line in file.read_text(encoding="utf-8").splitlines():
+    rows, damaged = [], 0
+    for line in file.read_bytes().splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash: the store trims it on resume
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            row = None  # a line cut by a crash (the store trims it on resume), or damaged
+        if isinstance(row, dict) and all(_is_int(row.get(k, 0)) for k in ("global_step", "iteration", "step")):
+            rows.append(row)
+        elif line.strip():
+            damaged += 1
+    if damaged:
+        log.warning("%s: %d line(s) are not metrics rows and are left out", file, damaged)
     for i, r in enumerate(rows, 1):
         r.setdefault("global_step", i)
     return rows
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def game_of(run_dir: Path) -> str:
     """The run's game (recipe.yaml's `game`, TriPlay when absent)."""
-    import yaml
+    from .recipe import read_yaml
 
     file = Path(run_dir) / "recipe.yaml"
-    data = yaml.safe_load(file.read_text(encoding="utf-8")) if file.is_file() else {}
-    return (data or {}).get("game", "triplay")
+    return read_yaml(file).get("game", "triplay") if file.is_file() else "triplay"
 
 
 def game_panels(game: str) -> dict:
@@ -304,8 +316,14 @@ def make_report(run_dir: Path, out: Path, eval_results: Path | None = None) -> d
             results = json.loads(Path(eval_results).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"{eval_results} is not a results file ({exc}); pass the JSON `lora-triplay eval ... --out FILE` wrote") from None
+        if not isinstance(results, dict) or not {"run", "judge"} <= results.keys():
+            raise UserError(f"{eval_results} is JSON but not `eval`'s results (no run and judge keys); pass the file "
+                            "`lora-triplay eval ... --out FILE` wrote")
     if not rows and results is None:
         raise UserError(f"{run_dir}: metrics.jsonl has no rows yet and no --eval results were given; nothing to report")
+    from .outputs import check_report_out
+
+    check_report_out(out)
     out.mkdir(parents=True, exist_ok=True)
     name = run_dir.resolve().name
     report: dict = {"run": str(run_dir.resolve()), "metrics_rows": len(rows), "files": []}

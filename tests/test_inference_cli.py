@@ -371,6 +371,14 @@ def test_chat_session_history_and_system_prompts(tiny_run):
     s.ask("again")
     assert s.messages()[0] == {"role": "system", "content": "be brief"} and len(s.history) == 4
 
+    import io
+
+    from lora_triplay.play import chat_loop
+
+    said: list[str] = []  # a line of bytes that are not UTF-8 (stdin decodes them to lone surrogates): said, not sent
+    assert chat_loop(s, io.StringIO("caf\udcff\nhello\n"), said.append) == 1
+    assert said[0].startswith("[error: that line is not UTF-8") and len(s.history) == 6
+
 
 # ------------------------------------------------------- errors and help
 

@@ -338,7 +338,9 @@ def test_cli_validate_reports_a_bad_recipe(tmp_path: Path):
 def test_cli_validate_takes_overrides_as_run_does():
     proc = _cli("validate", "recipes/smoke.yaml", "iterations=0")
     assert proc.returncode == 2 and "`iterations` = 0 is invalid" in proc.stderr, proc.stderr
-    assert _cli("validate", "recipes/smoke.yaml", "iterations=2").returncode == 0
+    assert _cli("validate", "recipes/smoke.yaml", "iterations=2", "model.base=Qwen/Qwen3-4B").returncode == 0  # "/" in a value
+    proc = _cli("validate", "recipes/smoke.yaml", "grpo.lr=1e100")  # Adam overflowed at the first step
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "less than or equal to 1" in proc.stderr
 
 
 @pytest.mark.parametrize(

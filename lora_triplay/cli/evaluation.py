@@ -62,8 +62,10 @@ def eval_command(
         from ..evaluate import ROLES, EvalOptions, run_eval
 
         unknown = [r for r in chosen if r not in ROLES]
-        if unknown:
-            raise UserError(f"--roles: unknown {unknown}; use a list of {', '.join(ROLES)}")
+        if unknown or not chosen:
+            raise UserError(f"--roles: {'unknown ' + str(unknown) if unknown else 'no role given'}; use a list of {', '.join(ROLES)}")
+        if device not in (None, "auto", "cpu", "cuda"):
+            raise UserError(f"--device {device!r}: use cpu, cuda or auto")
         if not benchmark and not red_prompts and not eval_set:
             raise UserError("nothing to measure: give --benchmark NAME=PATH, --red-prompts PATH or --eval-set PATH")
         if nproc > 1:

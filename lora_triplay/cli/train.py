@@ -103,7 +103,7 @@ def validate(
     from ..recipe import RecipeError, load_recipe
 
     # `key=value` after the files, as `run` and `plan` take it (a file whose name holds "=" stays a file)
-    given = [str(p) for p in recipes if "=" in p.name and not p.exists()]
+    given = [str(p) for p in recipes if "=" in str(p) and not p.exists()]
     recipes, overrides = [p for p in recipes if str(p) not in given], [*given, *overrides]
     if not recipes:
         typer.secho("error: no recipe file to check; give one before the overrides", fg=typer.colors.RED, err=True)
@@ -115,7 +115,7 @@ def validate(
             typer.echo(f"ok    {path}")
         except RecipeError as exc:
             bad += 1
-            typer.secho(f"error {exc}", fg=typer.colors.RED, err=True)
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(EXIT_USER_ERROR if bad else 0)
 
 

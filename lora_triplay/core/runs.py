@@ -10,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..bases import ModelError
 from ..model import add_frozen_adapter, load_adapter_weights, load_role_model
-from ..recipe import Recipe, build_recipe
+from ..recipe import Recipe, build_recipe, read_yaml
 from .snapshots import parse_role
 from .store import RunStore
 
@@ -76,7 +74,7 @@ def read_run_recipe(run_dir: Path) -> Recipe:
     file = Path(run_dir) / "recipe.yaml"
     if not file.is_file():
         raise ModelError(f"{run_dir} is not a lora-triplay run folder (no recipe.yaml); pass the folder `run` wrote")
-    return build_recipe(yaml.safe_load(file.read_text(encoding="utf-8")), source=str(file))
+    return build_recipe(read_yaml(file), source=str(file))  # a damaged file: one line naming it
 
 
 def open_run(run_dir: Path, iteration: int | None = None, *, device: str | None = None, world: int = 1) -> OpenRun:

@@ -36,6 +36,7 @@ from ..recipe import (
     RecipeError,
     build_recipe,
     diff_recipes,
+    read_yaml,
 )
 from ..training.averaging import add_to_tail, take_tail_average
 from ..training.grpo import GrpoLearner
@@ -115,7 +116,7 @@ class Session:
             if not had_state:
                 raise RunError(f"--resume: {run_dir} holds no run (no state.json); drop --resume to start a new run there")
             store.lock()
-            saved = build_recipe(__import__("yaml").safe_load(store.path("recipe.yaml").read_text()), source=str(store.path("recipe.yaml")))
+            saved = build_recipe(read_yaml(store.path("recipe.yaml")), source=str(store.path("recipe.yaml")))
             changed = diff_recipes(saved, recipe)
             if changed and not allow_recipe_change:
                 raise RecipeError(

@@ -174,10 +174,14 @@ class RunStore:
 
     def load_state(self) -> dict:
         try:
-            return self.read_json("state.json")
+            state = self.read_json("state.json")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # written atomically: only an edit or a bad disk does this
             raise UserError(f"{self.path('state.json')} is not valid JSON ({exc}): the run folder is damaged; restore the "
                             "file from a copy, or start the run afresh") from None
+        if not isinstance(state, dict) or not isinstance(state.get("checkpoints", {}), dict):
+            raise UserError(f"{self.path('state.json')} is not a run's state (a mapping with a `checkpoints` mapping): the run "
+                            "folder is damaged; restore the file from a copy, or start the run afresh")
+        return state
 
     def commit(self, state: dict) -> None:
         self.write_json("state.json", state)
@@ -188,7 +192,11 @@ class RunStore:
 
     def latest_dir(self, role: str) -> Path:
         """The committed checkpoint of `role` (adapter + optimizer)."""
-        return self.path(self.load_state()["checkpoints"][role])
+        where = self.load_state().get("checkpoints", {}).get(role)
+        if not isinstance(where, str):
+            raise UserError(f"{self.path('state.json')} names no checkpoint of {role}: the run folder is damaged, or the run "
+                            "has not committed its first step; pass --iteration N for a snapshot")
+        return self.path(where)
 
     def write_folder(self, target: Path, fill) -> Path:
         """Build a folder under a temp name, fsync, rename into place."""

@@ -16,7 +16,7 @@ class PhaseConfig(_Strict):
     prompts are short, blue's answers long: give each its own budget)."""
 
     steps: int = Field(1, ge=0)
-    lr: float | None = Field(None, gt=0, description="overrides grpo.lr for this role")
+    lr: float | None = Field(None, gt=0, le=1.0, description="overrides grpo.lr for this role")
     max_new_tokens: int | None = Field(None, ge=1, description="this role's completions (blue's also bound defenders' answers)")
     group_size: int | None = Field(None, ge=2, description="completions per prompt in this phase")
     prompts_per_step: int | None = Field(None, ge=1, description="prompts (eval: labelled pairs) per step in this phase")
@@ -59,11 +59,11 @@ class WarmupConfig(_Strict):
     steps: int = Field(0, ge=0)
     pairs: int = Field(32, ge=2, description="(prompt, answer) pairs the panel labels before the warm start trains")
     lr: float | None = Field(
-        None, gt=0, description="the warm start's learning rate (default phases.eval.lr, else grpo.lr): a supervised "
+        None, gt=0, le=1.0, description="the warm start's learning rate (default phases.eval.lr, else grpo.lr): a supervised "
         "start from few labels tolerates a larger rate than eval's later steps on the moving pool"
     )
     lr_end: float | None = Field(
-        None, ge=0, description="the rate of the warm start's last step, reached linearly from `lr` (default: `lr` "
+        None, ge=0, le=1.0, description="the rate of the warm start's last step, reached linearly from `lr` (default: `lr` "
         "throughout). Why: at a constant 1e-3 on batches of 8 the last few batches decide where eval ends; one seed's "
         "warm start gave 68% on the labelled set with one batch order and 61% with another (`negative` recall 89% "
         "against 11%, 2026-12-03)"
@@ -96,7 +96,7 @@ class BlueWarmupConfig(_Strict):
     harmful_share: float = Field(0.5, ge=0, le=1, description="of each step's kept answers, the share of refusals to harmful "
                                  "requests (the rest helpful answers to benign ones), where both kinds were kept")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of the candidates")
-    lr: float | None = Field(None, gt=0, description="the warm start's rate (default phases.blue.lr, else grpo.lr)")
+    lr: float | None = Field(None, gt=0, le=1.0, description="the warm start's rate (default phases.blue.lr, else grpo.lr)")
     refusal_contrast: bool = Field(False, description="each benign answer of a batch is also learnt against a refusal "
                                    "(one of the kept ones, to another request): cross-entropy over the two answers' "
                                    "sequence log-probs, which pushes a refusal below the answer where it competes "
