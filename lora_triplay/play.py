@@ -334,6 +334,10 @@ def chat_loop(session: ChatSession, stdin: TextIO, say: Callable[[str], None], p
             else:
                 say(f"[unknown command {cmd}; {CHAT_HELP}]")
             continue
-        say(f"{session.adapter}: {session.ask(text)}")
+        try:
+            say(f"{session.adapter}: {session.ask(text)}")
+        except UserError as exc:  # e.g. a pasted text longer than the base reads: the chat goes on
+            say(f"[error: {exc}]")
+            continue
         answers += 1
     return answers

@@ -97,3 +97,13 @@ def test_eval_recomputes_damaged_item_rows_and_checks_its_options(run_copy, tmp_
     assert json.loads((tmp_path / "e.json").read_text())["work"]["reused"] == len(rows.splitlines())
     one_error_line(invoke(*args, "--device", "tpu"), "--device 'tpu': use cpu, cuda or auto")
     one_error_line(invoke(*args, "--roles", ","), "--roles: no role given")
+
+
+def test_a_request_longer_than_the_base_reads_is_one_line(finished_run, tmp_path):
+    """The tiny base reads 4,096 positions; a 6,000-word request ran past
+    them for a minute before (a GPU would run out of memory instead)."""
+    long = " ".join(["word"] * 6000)
+    one_error_line(invoke("play", finished_run, long, "--max-new-tokens", "4"), "pass the base's 4096 positions")
+    chat = CliRunner().invoke(app, ["chat", str(finished_run), "--max-new-tokens", "4"], input=f"{long}\nhello\n")
+    assert chat.exit_code == 0 and "[error: a prompt of" in chat.output, chat.output
+    assert [line for line in chat.stdout.splitlines() if line.startswith("blue: ")]  # the chat went on

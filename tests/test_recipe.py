@@ -341,6 +341,8 @@ def test_cli_validate_takes_overrides_as_run_does():
     assert _cli("validate", "recipes/smoke.yaml", "iterations=2", "model.base=Qwen/Qwen3-4B").returncode == 0  # "/" in a value
     proc = _cli("validate", "recipes/smoke.yaml", "grpo.lr=1e100")  # Adam overflowed at the first step
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "less than or equal to 1" in proc.stderr
+    two = _cli("validate", "recipes/smoke.yaml", "iterations=x", "grpo.lr=5")  # two problems: a line each, each said as an error
+    assert two.returncode == 2 and [line[:7] for line in two.stderr.splitlines()] == ["error: ", "error: "], two.stderr
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,8 @@ def fail(exc: BaseException, debug: bool) -> None:
     """Print a user error as one line and exit with 2 (`--debug`: re-raise)."""
     if debug:
         raise exc
-    typer.secho(f"error: {describe(exc)}", fg=typer.colors.RED, err=True)
+    for line in describe(exc).splitlines():  # several problems (a recipe's): each its own `error:` line
+        typer.secho(f"error: {line}", fg=typer.colors.RED, err=True)
     raise typer.Exit(EXIT_USER_ERROR)
 
 

@@ -115,7 +115,8 @@ def validate(
             typer.echo(f"ok    {path}")
         except RecipeError as exc:
             bad += 1
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            for line in str(exc).splitlines():
+                typer.secho(f"error: {line}", fg=typer.colors.RED, err=True)
     raise typer.Exit(EXIT_USER_ERROR if bad else 0)
 
 

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from ..errors import UserError
 from ..training.forward import MIN_SHARED_PREFIX, common_prefix
 from ..training.precision import widened
 from ..training.sharding import Lockstep, is_sharded
@@ -101,6 +102,7 @@ class HFEngine(ChatTokens):
 
     def _generate(self, requests: Sequence[Request], sampling: Sampling) -> list[list[Completion]]:
         choice_reqs, gen = self.split(requests, self._peft_name)
+        self._check_length(max((len(ids) for *_, ids in gen), default=0), sampling.max_new_tokens)
         if sampling.seed is None and not sampling.greedy:
             # One draw from torch's global RNG (saved and restored with the
             # run), then a generator per row seeded by (request, sample):
@@ -113,6 +115,15 @@ class HFEngine(ChatTokens):
         with self._serving_requests(requests):
             self._generate_all(requests, rows, choice_reqs, results, sampling)
         return results  # type: ignore[return-value]
+
+    def _check_length(self, prompt: int, new: int) -> None:
+        """A prompt (a pasted document, a 100 KB request file) that with its
+        answer passes the positions the base was trained on: one line, not
+        minutes of degraded output on a CPU or an out-of-memory on a GPU."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(limit, int) and prompt + new > limit:
+            raise UserError(f"a prompt of {prompt} tokens and its {new} new ones pass the base's {limit} positions "
+                            "(max_position_embeddings); shorten the request, or lower --max-new-tokens")
 
     @contextlib.contextmanager
     def _serving_requests(self, requests: Sequence[Request]):
