@@ -467,17 +467,16 @@ def run_eval(opts: EvalOptions, console=None) -> dict:
     result: dict = {"run": str(Path(opts.run_dir).resolve()), "judge": ev.judge.name, "limit": opts.limit,
                     "started": started, "settings": {"max_new_tokens": ev.max_new, "temperature": opts.temperature, "seed": opts.seed},
                     "items_file": str(ev.cache.path), "benchmarks": {}}
+    its = {role: parse_iterations(opts.iterations, ev.snaps[role]) for role in opts.roles}  # a bad --iterations: before any bar
+    prompts = _red_prompts(opts, benches) if "red" in opts.roles else None
     with progress_bars(console, opts.progress) as bar:
         if "blue" in opts.roles and benches:
-            its = sorted({0} | set(parse_iterations(opts.iterations, ev.snaps["blue"])))
-            result["blue_iterations"] = its
-            result["benchmarks"] = ev.blue(benches, its, bar)
-        if "red" in opts.roles:
-            prompts = _red_prompts(opts, benches)
-            if prompts is not None:
-                result["red"] = ev.red(prompts, parse_iterations(opts.iterations, ev.snaps["red"]), bar)
+            result["blue_iterations"] = sorted({0} | set(its["blue"]))
+            result["benchmarks"] = ev.blue(benches, result["blue_iterations"], bar)
+        if prompts is not None:
+            result["red"] = ev.red(prompts, its["red"], bar)
         if "eval" in opts.roles and opts.eval_set:
-            result["eval_accuracy"] = ev.eval_accuracy(parse_iterations(opts.iterations, ev.snaps["eval"]), bar)
+            result["eval_accuracy"] = ev.eval_accuracy(its["eval"], bar)
     result["work"] = dict(ev.work)
     if ev.collective.world > 1:  # engine requests each process served
         served = getattr(ev._run.engine, "local_requests", 0) if ev._run is not None else 0

@@ -379,13 +379,18 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+EMPTY = "the recipe is empty (it would run on defaults alone); copy recipes/smoke.yaml and edit it"
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A recipe file's keys (no `extends:` resolved), or one line saying what is wrong with the file."""
     if path.is_dir():
         raise RecipeError(f"{path} is a folder; pass a recipe file, e.g. {path / 'smoke.yaml'}")
-    if not path.is_file():
+    if not path.exists():
         hint = " (recipes live in recipes/, e.g. recipes/smoke.yaml)" if not path.suffix else ""
         raise RecipeError(f"recipe file {str(path)!r} does not exist{hint}; check the path")
+    if not path.is_file():
+        raise RecipeError(f"{path} is not a regular file (a device or a pipe); pass a recipe file, e.g. recipes/smoke.yaml")
     try:
         loader = _UniqueKeys(path.read_text(encoding="utf-8"))
         loader.name = str(path)
@@ -400,7 +405,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not UTF-8 text; save the recipe as UTF-8") from None
     if data is None or data == {}:
-        raise RecipeError(f"{path}: the recipe is empty (it would run on defaults alone); copy recipes/smoke.yaml and edit it")
+        raise RecipeError(f"{path}: {EMPTY}")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: the top level must be a mapping of keys (model:, lora:, ...), got {type(data).__name__}")
     return data
@@ -423,6 +428,8 @@ def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = 
         raise RecipeError(f"{path}: `extends` goes round in a circle ({chain}); remove one of them")
     data = read_yaml(path)
     parent = data.pop("extends", None)
+    if not data and parent is None:  # `extends: null` alone: as empty as an empty file
+        raise RecipeError(f"{path}: {EMPTY}")
     if parent is not None:
         if not isinstance(parent, str):
             raise RecipeError(f"{path}: `extends` must be one recipe path (relative to this file), got {parent!r}")

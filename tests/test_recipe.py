@@ -101,6 +101,7 @@ def test_extends_merges_sections_and_the_child_wins(tmp_path: Path):
     ({"a.yaml": "extends: [b.yaml]\n"}, "one recipe path"),
     ({"a.yaml": ""}, "empty"),
     ({"a.yaml": "# only a comment\n"}, "copy recipes/smoke.yaml"),
+    ({"a.yaml": "extends: null\n"}, "the recipe is empty"),
 ])
 def test_bad_extends_and_empty_recipes_are_one_line(tmp_path: Path, files, needle):
     for name, text in files.items():
@@ -341,6 +342,7 @@ def test_cli_validate_takes_overrides_as_run_does():
     assert _cli("validate", "recipes/smoke.yaml", "iterations=2", "model.base=Qwen/Qwen3-4B").returncode == 0  # "/" in a value
     proc = _cli("validate", "recipes/smoke.yaml", "grpo.lr=1e100")  # Adam overflowed at the first step
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "less than or equal to 1" in proc.stderr
+    assert "not a regular file" in _cli("validate", "/dev/null").stderr  # it said "does not exist"
     two = _cli("validate", "recipes/smoke.yaml", "iterations=x", "grpo.lr=5")  # two problems: a line each, each said as an error
     assert two.returncode == 2 and [line[:7] for line in two.stderr.splitlines()] == ["error: ", "error: "], two.stderr
 
