@@ -180,6 +180,8 @@ def _write_role(run_dir: Path, role: str, iteration: int | None, folder: Path, *
     folder.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(folder, safe_serialization=True)
     tok = AutoTokenizer.from_pretrained(base_path, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
+    if role.split("@")[0] == "blue":
+        tok.chat_template = default_system(tok.chat_template, blue_messages("")[0]["content"])
     tok.save_pretrained(folder)
     if not (folder / "generation_config.json").is_file():
         merged.generation_config.save_pretrained(folder)
@@ -212,6 +214,20 @@ def _write_role(run_dir: Path, role: str, iteration: int | None, folder: Path, *
     (folder / EXPORT_NOTE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     del merged
     return ExportResult(role, folder, time.perf_counter() - t0, info)
+
+
+def default_system(template, system: str):
+    """`template` (the base's chat template) with `system` as the system
+    prompt of a chat that brings none: an exported blue, loaded by any
+    client, then answers as it was trained to (the base's own default, e.g.
+    SmolLM2's "You are a helpful AI assistant named SmolLM", is what it
+    would read otherwise). A chat with its own system message keeps it."""
+    if not isinstance(template, str) or "{% endraw %}" in system:
+        return template  # several named templates, or none: lora_triplay_export.json still names the prompt
+    return ("{%- if messages and messages[0]['role'] != 'system' -%}\n"
+            "{%- set lt_system -%}{% raw %}" + system + "{% endraw %}{%- endset -%}\n"
+            "{%- set messages = [{'role': 'system', 'content': lt_system}] + messages -%}\n"
+            "{%- endif -%}\n" + template)
 
 
 def _version() -> str | None:

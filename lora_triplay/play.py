@@ -203,7 +203,9 @@ def play_table(result: dict, excerpt: int = 200):
     roles = result["roles"]
     title = (f"{result['run']}\nred={sel.label(roles['red']['adapter'])}  eval={sel.label(roles['eval']['adapter'])}  "
              f"judge={result['judge_mode']}")
-    table = Table(title=title, show_lines=True)
+    texts = [t for row in result["results"] for t in (row["request"], row["wrapped"], *(d["answer"] for d in row["defenders"]))]
+    cut = any(len(" ".join(str(t).split())) > excerpt for t in texts)
+    table = Table(title=title, show_lines=True, caption=f"texts cut at {excerpt} characters (…): --json prints them whole" if cut else None)
     # A fixed width is never collapsed by rich, so a technique name (one
     # word) is not folded mid-word; the defender columns share the rest.
     longest = max((len(row["technique"]) for row in result["results"]), default=0)

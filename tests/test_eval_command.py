@@ -170,8 +170,9 @@ def test_eval_resumes_without_recomputing(tiny_run, tmp_path, monkeypatch):
     real = HFEngine.generate
     monkeypatch.setattr(HFEngine, "generate", lambda self, reqs, s: calls.append(len(reqs)) or real(self, reqs, s))
     out = tmp_path / "r.json"
-    first, _ = _eval(tiny_run, out, "--limit", "2", "--no-progress")
+    first, said = _eval(tiny_run, out, "--limit", "2", "--no-progress")
     assert first["work"]["reused"] == 0 and sum(calls) == first["work"]["generated"]
+    assert "eval: not measured (give --eval-set FILE" in said and "eval_accuracy" not in first  # the default roles, no eval set
     calls.clear()
     second, _ = _eval(tiny_run, out, "--limit", "4", "--no-progress")
     assert second["work"]["reused"] == first["work"]["generated"]  # every stored item found again

@@ -161,6 +161,8 @@ def test_export_loads_in_a_process_without_lora_triplay(exported, tmp_path, tiny
     for role in ROLE_NAMES:
         model = info["models"][role]
         assert model["dtype"] == "torch.float32" and model["eos"] is not None and "<|im_start|>assistant" in model["chat"]
+        # a chat without a system message gets blue's, as blue was trained (and chat/play give it); no other role's
+        assert (blue_messages("")[0]["content"] in model["chat"]) == (role == "blue"), role
         for i, mine in enumerate(_logits(_plain(exported / role), ids)):
             assert np.allclose(theirs[f"{role}-{i}"], mine.numpy(), atol=ATOL, rtol=0), role
 

@@ -59,3 +59,13 @@ def test_play_table_names_each_defender_once():
     assert [str(c.header) for c in table.columns[1:]] == ["blue@2", "base (adapters off)", "blue@3"]
     assert "red=red@2" in str(table.title) and "eval=eval@2" in str(table.title)
     assert "red=red@latest" in str(play_table(_round()).title)
+
+
+def test_play_table_says_where_the_whole_texts_are():
+    assert "--json prints them whole" in str(play_table(_round()).caption)  # the answers are over 200 characters
+    short = _round()
+    for row in short["results"]:
+        row["wrapped"] = "short"
+        for d in row["defenders"]:
+            d["answer"] = "I can't help with that."
+    assert play_table(short).caption is None

@@ -343,6 +343,7 @@ def test_cli_validate_takes_overrides_as_run_does():
     proc = _cli("validate", "recipes/smoke.yaml", "grpo.lr=1e100")  # Adam overflowed at the first step
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "less than or equal to 1" in proc.stderr
     assert "not a regular file" in _cli("validate", "/dev/null").stderr  # it said "does not exist"
+    assert "override 'iterations' is not `key=value`" in _cli("validate", "recipes/smoke.yaml", "iterations").stderr
     two = _cli("validate", "recipes/smoke.yaml", "iterations=x", "grpo.lr=5")  # two problems: a line each, each said as an error
     assert two.returncode == 2 and [line[:7] for line in two.stderr.splitlines()] == ["error: ", "error: "], two.stderr
 

@@ -160,6 +160,18 @@ def test_resume_with_another_recipe_is_refused(runs, tmp_path):
     assert proc.returncode == 2
     assert "grpo.lr: 0.001 -> 0.002" in proc.stderr and "--allow-recipe-change" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # the command it suggests (the run's own recipe.yaml, its overrides in it) resumes: here a finished run, at once
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from lora_triplay.cli import app
+
+    suggested = shlex.split(proc.stderr.split("the run keeps them: `")[1].split("`")[0])
+    assert suggested == ["lora-triplay", "run", str(reference / "recipe.yaml"), "--resume", "--run-dir", str(reference)]
+    before = (reference / "state.json").read_text()
+    assert CliRunner().invoke(app, suggested[1:]).exit_code == 0
+    assert (reference / "state.json").read_text() == before
 
 
 def test_a_new_run_never_overwrites_an_existing_one(runs, tmp_path):

@@ -51,7 +51,8 @@ def eval_command(
     against fixed defenders and its output diversity, eval's accuracy.
 
     Example:
-    `lora-triplay eval adapters/run -b jbb=data/jbb/harmful-behaviors.csv -b xstest=data/xstest/xstest_prompts.csv --limit 50 --out results.json`
+    `lora-triplay eval adapters/run -b jbb=../shared/data/jbb/harmful-behaviors.csv
+    -b xstest=../shared/data/xstest/xstest_prompts.csv --limit 50 --out results.json`
     """
     from rich.console import Console
 
@@ -86,6 +87,8 @@ def eval_command(
     if follower:
         return
     typer.echo(summary_lines(result))
+    if "eval" in chosen and not eval_set:
+        typer.echo("eval: not measured (give --eval-set FILE: a labelled set of prompt, response, label)")
     typer.echo(f"wrote {out} (per item: {result['items_file']})")
 
 

@@ -103,7 +103,8 @@ def validate(
     from ..recipe import RecipeError, load_recipe
 
     # `key=value` after the files, as `run` and `plan` take it (a file whose name holds "=" stays a file)
-    given = [str(p) for p in recipes if "=" in str(p) and not p.exists()]
+    # ... and a word with no "=" that names no file (`iterations`): an override missing its value, worded as one
+    given = [str(p) for p in recipes[1:] if not p.exists() and ("=" in str(p) or (not p.suffix and "/" not in str(p)))]
     recipes, overrides = [p for p in recipes if str(p) not in given], [*given, *overrides]
     if not recipes:
         typer.secho("error: no recipe file to check; give one before the overrides", fg=typer.colors.RED, err=True)

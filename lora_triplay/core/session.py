@@ -121,7 +121,8 @@ class Session:
             if changed and not allow_recipe_change:
                 raise RecipeError(
                     "--resume with a different recipe; differing keys: " + "; ".join(changed)
-                    + ". Resume with the same recipe, or pass --allow-recipe-change to accept the new values"
+                    + ". Resume with the same recipe and overrides (the run keeps them: `lora-triplay run "
+                    + f"{store.path('recipe.yaml')} --resume --run-dir {run_dir}`), or pass --allow-recipe-change to accept the new values"
                 )
             state = store.load_state()
             if state.get("version") != STATE_VERSION:
