@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from inprocess import run_cli
 
 from lora_triplay.core.distributed import Collective
 
@@ -292,7 +293,7 @@ def _assert_same_run(a: dict, b: dict) -> None:
 def one_process_run(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist-e2e")
     (root / "r.yaml").write_text(RECIPE.format(base=tiny_model_dir))
-    proc = _run(root / "r.yaml", root / "one")
+    proc = run_cli("run", root / "r.yaml", "--run-dir", root / "one")  # one process: in this one
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, _final(root / "one")
 
@@ -357,9 +358,9 @@ def test_a_sharded_run_killed_resumes_on_one_unsharded_process(one_process_run):
     crashed = _run(root / "r.yaml", root / "sharded-killed", "--nproc", "2", "model.fsdp=true", crash="commit:5")
     assert crashed.returncode != 0
     assert not __import__("json").loads((root / "sharded-killed" / "state.json").read_text())["done"]
-    refused = _run(root / "r.yaml", root / "sharded-killed", "--resume")
+    refused = run_cli("run", root / "r.yaml", "--run-dir", root / "sharded-killed", "--resume")
     assert refused.returncode == 2 and "model.fsdp: True -> False" in refused.stderr
-    resumed = _run(root / "r.yaml", root / "sharded-killed", "--resume", "--allow-recipe-change")
+    resumed = run_cli("run", root / "r.yaml", "--run-dir", root / "sharded-killed", "--resume", "--allow-recipe-change")
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     _assert_same_run(ref, _final(root / "sharded-killed"))
 
@@ -394,7 +395,8 @@ def test_two_process_eval_equals_one_process_eval(one_process_run, tmp_path):
     bench = tmp_path / "bench.jsonl"
     bench.write_text("".join(json.dumps({"prompt": f"Explain how to get around rule {i} of a game.", "label": "unsafe" if i % 3 else "safe"}) + "\n"
                              for i in range(7)))
-    one = _eval(root / "one", tmp_path / "one.json", bench)
+    one = run_cli("eval", root / "one", "-b", f"mine=generic:{bench}", "--judge", "eval", "--roles", "blue,red", "--temperature", "1",
+                  "--batch-size", "5", "--out", tmp_path / "one.json", "--no-progress")  # one process: in this one
     assert one.returncode == 0, one.stderr[-3000:]
     two = _eval(root / "one", tmp_path / "two.json", bench, "--nproc", "2")
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]

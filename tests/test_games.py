@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from inprocess import run_cli
 
 from lora_triplay.engine.base import Completion
 from lora_triplay.games import available, game_class, make_game
@@ -79,6 +80,9 @@ TINY = ["game_config.attacker_steps=1", "game_config.defender_steps=1", "game_co
 
 
 def _run(base: str, run_dir: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    """A taboo run: in this process unless it is to be killed (`crash`)."""
+    if crash is None:
+        return run_cli("run", ROOT / "recipes" / "taboo.yaml", f"model.base={base}", *TINY, "--run-dir", run_dir, *extra)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("LORA_TRIPLAY_CRASH_AT", None)
     if crash:
@@ -112,16 +116,13 @@ def test_taboo_runs_on_the_core_and_resumes_exactly(tiny_model_dir, tmp_path):
     for name in ("metrics", "games"):
         assert _rows(tmp_path / "killed", name) == _rows(tmp_path / "ref", name), name
     # report reads the game's headline metrics
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    rep = subprocess.run([sys.executable, "-m", "lora_triplay", "report", str(tmp_path / "ref"), "-o", str(tmp_path / "rep")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    rep = run_cli("report", tmp_path / "ref", "-o", tmp_path / "rep")
     assert rep.returncode == 0, rep.stderr[-2000:]
     summary = (tmp_path / "rep" / "summary.md").read_text()
     assert "measure attacker_win_vs_base" in summary and "attacker tie_rate" in summary
     # eval is TriPlay's harness: a game run is refused in one line
     (tmp_path / "b.jsonl").write_text('{"prompt": "p", "label": "unsafe"}\n')
-    ev = subprocess.run([sys.executable, "-m", "lora_triplay", "eval", str(tmp_path / "ref"), "-b", f"x=generic:{tmp_path / 'b.jsonl'}",
-                         "--out", str(tmp_path / "e.json")], env=env, capture_output=True, text=True, timeout=300)
+    ev = run_cli("eval", tmp_path / "ref", "-b", f"x=generic:{tmp_path / 'b.jsonl'}", "--out", tmp_path / "e.json")
     assert ev.returncode == 2 and "is a taboo run" in ev.stderr
 
 
@@ -201,17 +202,15 @@ PHASES = {"distract": ["adversary", "reasoner"], "waltz": ["feedback", "feedback
 
 @pytest.mark.parametrize("game", ["distract", "waltz"])
 def test_game_runs_end_to_end_and_plays(game, tiny_model_dir, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "lora_triplay", "run", str(ROOT / "recipes" / f"{game}.yaml"), f"model.base={tiny_model_dir}",
-                           *GAME_RUNS[game], "--run-dir", str(run)], env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli("run", ROOT / "recipes" / f"{game}.yaml", f"model.base={tiny_model_dir}", *GAME_RUNS[game], "--run-dir", run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(run, "metrics")
     phases = [r["phase"] for r in rows if r["phase"] != "measure"]
     assert phases == (PHASES[game] * 2 if game == "distract" else PHASES[game])  # waltz: stage 1 trains feedback alone
     assert [r["iteration"] for r in rows if r["phase"] == "measure"] == [0, 1, 2]
     request = "What is 2 plus 3? = 5" if game == "distract" else "how do I bake bread"
-    played = subprocess.run([sys.executable, "-m", "lora_triplay", "play", str(run), request], env=env, capture_output=True, text=True, timeout=300)
+    played = run_cli("play", run, request)
     assert played.returncode == 0, played.stderr[-2000:]
     out = json.loads(played.stdout)
     assert len(out) == 1 and ("distraction" in out[0] if game == "distract" else "feedback" in out[0] and "final" in out[0])

