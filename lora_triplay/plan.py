@@ -283,7 +283,8 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
         # trainer's base weights above; only the rest of the share is new.
         copy = 0.0 if sharing else vllm_weights
         counted = max(share - (vllm_weights if sharing else 0.0), 0.0)  # a share below the base holds no KV cache (the verdict says so)
-        what = "less the shared base: KV cache" if sharing else f"base copy {vllm_weights:.1f} GB + KV cache"
+        what = ("less the shared base: KV cache + vLLM's overhead" if sharing
+                else f"base copy {vllm_weights:.1f} GB + KV cache + vLLM's overhead")
         add(Item(f"vLLM share (gpu_memory_utilization {r.engine.gpu_memory_utilization}, {what})", counted,
                  "engine.gpu_memory_utilization", "rollouts"))
         if r.engine.enable_sleep_mode:
@@ -298,7 +299,7 @@ def make_plan(recipe, *, gpus: int = 1, gpu_memory_gb: float = 80.0, prompt_toke
                               f"the freed memory can go to vLLM's KV cache: gpu_memory_utilization up to "
                               f"{math.floor(most / gpu_memory_gb * 100) / 100:.2f} gives {max(most - vllm_weights - VLLM_OVERHEAD_GB, 0):.1f} GB "
                               f"(now {max(kv_gb, 0):.1f} GB)")
-        elif r.engine.share_base is not False and not plan.problems:
+        elif not sharing and r.engine.share_base is not False and not plan.problems:  # shared but not fitting: the verdict says why
             plan.notes.append(f"a second copy of the base for vLLM: {copy:.1f} GB (engine.share_base would save it where it applies)")
         if free_at_start <= 0:
             pass  # the trainer alone does not fit: the peak check says so

@@ -118,6 +118,8 @@ def test_plan_command_prints_the_table_and_a_verdict():
     err = small.stderr.strip().splitlines()
     assert len(err) == 1 and "biggest item: base weights" in err[0] and "model.quantization=4bit" in err[0]
     assert "Traceback" not in small.stderr
+    assert "a second copy of the base" not in small.stdout  # the base is shared there: no copy to speak of
+    assert "less the shared base: KV cache + vLLM's overhead" in ok.stdout  # the table's 10.5 GB, beside the note's 8.5 GB of KV
     data = json.loads(_cli("recipes/smoke.yaml", "--json", "--gpu-memory", "32").stdout)
     assert data["fits"] and data["params"] == 134_515_008
 
