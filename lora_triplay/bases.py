@@ -105,7 +105,7 @@ def looks_like_hub_id(spec: str) -> bool:
     return not spec.startswith((".", "/", "~")) and spec.count("/") == 1
 
 
-def check_hub_id(spec: str, revision: str | None = None, what: str = "model.base") -> None:
+def check_hub_id(spec: str, revision: str | None = None) -> None:
     """A hub id that is not in the local cache, on a machine that cannot
     reach the hub, fails now in one line: huggingface_hub would retry the
     download five times (26 s measured offline) and then fail with a
@@ -135,5 +135,5 @@ def check_hub_id(spec: str, revision: str | None = None, what: str = "model.base
         except OSError as exc:
             why = f"{host} does not resolve ({exc.strerror or exc})"
     at = f" at revision {revision!r}" if revision else ""
-    raise ModelError(f"{what} = {spec!r}{at} is not in the local Hugging Face cache and the hub cannot be reached ({why}); "
-                     f"download it where there is a network (`hf download {spec}`) or point {what} at a local folder")
+    raise ModelError(f"model.base = {spec!r}{at} is not in the local Hugging Face cache and the hub cannot be reached ({why}); "
+                     f"download it where there is a network (`hf download {spec}`) or point model.base at a local folder")

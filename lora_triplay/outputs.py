@@ -9,7 +9,11 @@ from pathlib import Path
 
 from .errors import UserError
 
-RUN_MANAGED = ("checkpoints", "tensorboard", "wandb")  # folders a run writes, prunes or replaces
+# What a run writes at its folder's top besides its JSONL logs and its roles'
+# snapshot folders (core/store.py starts a run only where nothing else is)
+RUN_FILES = ("state.json", "recipe.yaml")
+RUN_FOLDERS = ("checkpoints", "tensorboard", "wandb")  # checkpoints: pruned on resume; the trackers' output
+
 REPORT_FILES = ("summary.md", "training.png", "evaluation.png")
 
 
@@ -24,9 +28,9 @@ def run_owning(path: Path) -> tuple[Path, str] | None:
             continue
         parts = p.relative_to(parent).parts
         top = parts[0]
-        if len(parts) == 1 and (top in ("state.json", "recipe.yaml") or top.endswith(".jsonl") or top.startswith("recipe.prev-")):
+        if len(parts) == 1 and (top in RUN_FILES or top.endswith(".jsonl") or top.startswith("recipe.prev-")):
             return parent, top
-        if top in RUN_MANAGED or ((parent / top).is_dir() and any((parent / top).glob("iter-[0-9]*"))):
+        if top in RUN_FOLDERS or ((parent / top).is_dir() and any((parent / top).glob("iter-[0-9]*"))):
             return parent, f"{top}/"
         return None
     return None

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..outputs import RUN_FILES, RUN_FOLDERS
 from .atomic import save_tensors, write_file, write_folder
 from .faults import crash_point
 
@@ -96,7 +97,7 @@ class RunStore:
             if self.root.exists():
                 raise UserError(f"{self.root} is a file, and a run needs a folder: choose another --run-dir (or run.root / run.name)")
             return
-        names = {"state.json", "recipe.yaml", "checkpoints", "tensorboard", "wandb", *own}
+        names = {*RUN_FILES, *RUN_FOLDERS, *own}
         started = (self.root / "metrics.jsonl").is_file()
         foreign = sorted(p.name for p in self.root.iterdir()
                          if p.name not in IGNORED and not (started and (p.name in names or any(p.name.startswith(f".{n}.") for n in names))))
