@@ -97,3 +97,19 @@ def test_learns_runs_end_to_end_on_the_tiny_model(tmp_path):
         assert 0 <= after["asr"] <= 1 and 0 <= after["degenerate"] <= 1
     assert [t["target"] for t in res["targets"]][0].startswith("JBB harmful ASR down")
     assert (tmp_path / "report" / "learns.png").stat().st_size > 10_000 and "request withheld" in (tmp_path / "report" / "transcripts.md").read_text()
+
+
+def test_judge_groups_compares_two_plans_of_one_run(finished_run, tmp_path):
+    """bench/bench_judge_groups.py on the tiny run: both prefill plans time
+    the same pairs and give the same label log-probs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_judge_groups
+
+    out = tmp_path / "judge_groups.json"
+    assert bench_judge_groups.main([str(finished_run), "--iteration", "1", "--repeats", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for phase in ("blue", "red"):
+        got = res[phase]
+        assert got["pairs"] > 0 and got["template_s"] > 0 and got["cheapest_s"] > 0
+        assert got["max_abs_logprob_diff"] < 1e-4
+        assert got["cheapest_prefill_tokens"] <= got["template_prefill_tokens"] + 16 * got["cheapest_prefix_forwards"]

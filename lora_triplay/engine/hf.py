@@ -24,10 +24,10 @@ from typing import Sequence
 import torch
 
 from ..errors import UserError
-from ..training.forward import MIN_SHARED_PREFIX, common_prefix
+from ..training.forward import MIN_SHARED_PREFIX
 from ..training.precision import widened
 from ..training.sharding import Lockstep, is_sharded
-from . import choice_tree, fastpath
+from . import choice_tree, fastpath, prefix_groups
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
 
 PEFT_BASE = "__base__"
@@ -209,27 +209,11 @@ class HFEngine(ChatTokens):
     MIN_SHARED_PREFIX = MIN_SHARED_PREFIX  # tokens; below this a separate prefix forward costs more than it saves
 
     def _prefix_groups(self, prompts: list[list[int]], names: list[str], several: bool) -> list[int]:
-        """Per row, the length of the prefix it shares with its group (0: none).
-        A group is a run of consecutive prompts (they come sorted) sharing at
-        least MIN_SHARED_PREFIX tokens with the run's first; its prefix is
-        computed once per adapter in it (LoRA changes keys and values), so
-        it pays only when its rows outnumber its adapters. With `several`
-        False (no cache to assemble groups into) the whole batch is one group."""
-        runs: list[list[int]] = []
-        for i, p in enumerate(prompts):
-            if several and runs and common_prefix([prompts[runs[-1][0]], p], self.MIN_SHARED_PREFIX):
-                runs[-1].append(i)
-            elif several or not runs:
-                runs.append([i])
-            else:
-                runs[-1].append(i)
-        shared = [0] * len(prompts)
-        for run in runs:
-            if len({names[i] for i in run}) < len(run):
-                n = common_prefix([prompts[i] for i in run], self.MIN_SHARED_PREFIX)
-                for i in run:
-                    shared[i] = n
-        return shared
+        """Per row, the length of the prefix it shares with its group (0:
+        none), for the cheapest plan of groups (prefix_groups.py). With
+        `several` False (no cache to assemble groups into) the whole batch
+        is one group."""
+        return prefix_groups.plan(prompts, names, self.MIN_SHARED_PREFIX, several)
 
     def _prefix_cache(self, cache, prompts, names, shared: list[int], width: int, device):
         """Fill `cache` with every row's shared prefix, right-aligned in the
