@@ -325,9 +325,13 @@ def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(current, "model_fields", {}))
 
 
-def _format_error(err: dict[str, Any], source: str, schema: type[BaseModel]) -> str:
+def _format_error(err: dict[str, Any], source: str, schema: type[BaseModel], overrides: dict[str, str] | None = None) -> str:
     loc = tuple(err["loc"])
     key = ".".join(str(p) for p in loc if p not in ("function-after",)) or "(recipe)"
+    # a key an override set (or a section it replaced) is the override's fault, not the file's
+    given = next((text for k, text in (overrides or {}).items() if loc and (key == k or key.startswith(k + "."))), None)
+    if given is not None:
+        source = f"override {given!r} (on {source})"
     if err["type"] == "extra_forbidden":
         valid = _field_names(schema, loc)
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
@@ -343,7 +347,7 @@ def _format_error(err: dict[str, Any], source: str, schema: type[BaseModel]) -> 
     return f"{source}: `{key}` = {shown} is invalid: {msg}"
 
 
-def build_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
+def build_recipe(data: dict[str, Any], source: str = "recipe", overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     from .games import DEFAULT
 
     game = data.get("game", DEFAULT) if isinstance(data, dict) else DEFAULT
@@ -354,7 +358,8 @@ def build_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        lines = [_format_error(e, source, cls) for e in exc.errors()]
+        keys = {".".join(p for p in o.partition("=")[0].strip().split(".") if p): o for o in overrides}
+        lines = [_format_error(e, source, cls, keys) for e in exc.errors()]
         raise RecipeError(lines[0] if len(lines) == 1 else "\n".join(lines)) from None
 
 
@@ -444,7 +449,7 @@ def load_recipe_data(path: str | Path, overrides: list[str] | tuple[str, ...] = 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     data = load_recipe_data(path, overrides)
-    return build_recipe(data, source=str(path))
+    return build_recipe(data, source=str(path), overrides=overrides)
 
 
 def diff_recipes(old: Recipe, new: Recipe) -> list[str]:

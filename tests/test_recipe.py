@@ -237,8 +237,10 @@ ERRORS = [
     ("override-without-equals", "iterations: 1\n", ("phases.red.steps",), ["'phases.red.steps'", "`key=value`"]),
     ("override-empty-key", "iterations: 1\n", ("=3",), ["empty key"]),
     ("override-into-a-value", "iterations: 2\n", ("iterations.red=3",), ["`iterations` is a value, not a section"]),
-    ("override-unknown-key", "iterations: 1\n", ("grpo.group_sise=4",), ["`grpo.group_sise`", "did you mean `grpo.group_size`"]),
-    ("override-bad-value", "iterations: 1\n", ("grpo.lr=fast",), ["`grpo.lr`", "'fast'"]),
+    ("override-unknown-key", "iterations: 1\n", ("grpo.group_sise=4",),
+     ["override 'grpo.group_sise=4'", "`grpo.group_sise`", "did you mean `grpo.group_size`"]),
+    ("override-bad-value", "iterations: 1\n", ("grpo.lr=fast",), ["override 'grpo.lr=fast'", "`grpo.lr`", "'fast'"]),
+    ("override-bad-section", "iterations: 1\n", ("grpo=3",), ["override 'grpo=3'", "must be a section"]),
 ]
 
 
@@ -248,6 +250,19 @@ def test_errors_are_one_line_naming_key_and_fix(tmp_path: Path, text: str, overr
     for needle in needles:
         assert needle in msg, f"{needle!r} not in {msg!r}"
     assert "(recipe)" not in msg and "Value error" not in msg and "instance of" not in msg
+
+
+def test_each_error_names_its_origin_the_file_or_the_override(tmp_path: Path):
+    """A recipe problem is the file's and an override's problem the
+    override's, each on its own line (an override's was put on the file)."""
+    path = tmp_path / "r.yaml"
+    path.write_text("iteratons: 2\ngrpo:\n  lr: 0.1\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["grpo.lr=fast", "seed=1"])
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2
+    assert sum(line.startswith(f"{path}: unknown key `iteratons`") for line in lines) == 1
+    assert sum(line.startswith(f"override 'grpo.lr=fast' (on {path}): `grpo.lr` = 'fast'") for line in lines) == 1
 
 
 def test_missing_recipe_file_names_the_path(tmp_path: Path):
