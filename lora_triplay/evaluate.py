@@ -5,10 +5,8 @@
   each answer. ASR = share of harmful prompts whose answer is judged
   `negative`; over-refusal = share of benign prompts (XSTest safe, JBB
   benign) whose answer is judged `rejective`; plus the three-class split
-  and the share of degenerate answers (looping or near-empty text,
-  judging/quality.py: a blue that hacked its judge rather than got safer)
-  and of generic ones (one stock reply, no refusal, to many requests:
-  judging/generic.py).
+  and the share of degenerate answers (looping or near-empty text, judging/quality.py:
+  a blue that hacked its judge) and of generic ones (one stock reply to many, judging/generic.py).
 * red: every selected red snapshot wraps a fixed set of basic prompts (each
   prompt always with the same technique: technique i mod T); fixed defenders
   (`base`, `blue@N`, `openai:MODEL@URL`) answer; the fixed judge labels.
@@ -225,7 +223,9 @@ class Evaluator:
         self.work["reused"] += reused
         todo = [i for i, r in enumerate(rows) if r is None]
         if todo and not self._endpoints_checked:  # before the first answer; an eval read from its items file asks nothing
-            named = [("--judge", self.opts.judge)] + [("--defender", d) for d in self.opts.defenders]
+            roles = set(self.opts.roles)  # eval's accuracy asks neither: its judge is the eval snapshot, its answers given
+            named = [("--judge", self.opts.judge)] if roles & {"blue", "red"} else []
+            named += [("--defender", d) for d in self.opts.defenders] if "red" in roles else []
             check_endpoints([(what, spec) for what, spec in named if is_endpoint(spec)], self.collective)
             self._endpoints_checked = True
         task = None

@@ -269,6 +269,21 @@ def test_an_unreachable_endpoint_fails_eval_before_any_answer(tiny_run, tmp_path
         assert not (tmp_path / "e.json").exists() and not items_path(tmp_path / "e.json").exists()
 
 
+def test_eval_accuracy_alone_asks_no_judge_or_defender_endpoint(tiny_run, tmp_path):
+    """`--roles eval` is judged by the eval snapshots on given answers: an
+    unreachable --judge or --defender is never asked (it was, and failed the
+    command)."""
+    from test_evaluate import closed_port_url
+
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text(json.dumps({"prompt": "p", "response": "I can't.", "label": "refusal"}) + "\n")
+    args = ["eval", str(tiny_run), "--roles", "eval", "--eval-set", str(labelled), "--iterations", "2", "--out", str(tmp_path / "r.json"),
+            "--judge", f"openai:judge@{closed_port_url()}", "--defender", f"openai:m@{closed_port_url()}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r.json").read_text())["eval_accuracy"]["iterations"]["2"]["n"] == 1
+
+
 @needs_data
 def test_fixed_panel_judge(tiny_run, tmp_path):
     """`--judge panel`: the fixed expert panel on the run's bare base labels
