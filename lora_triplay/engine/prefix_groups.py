@@ -71,6 +71,15 @@ def tokens_run(prompts: Sequence[Sequence[int]], names: Sequence[str], shared: l
     return sum(len(k) * len(a) for k, a in groups.items()) + len(prompts) * widest, len(groups)
 
 
+def _cost(runs: list[list[int]], shared: list[int], names: Sequence[str], lengths: list[int], forward_cost: int) -> int:
+    """tokens_run's count from the runs (no prefix compared again: sorted
+    prompts sharing a prefix are one run), plus `forward_cost` tokens' worth
+    per prefix forward."""
+    grouped = [run for run in runs if shared[run[0]]]
+    prefixes = sum(shared[run[0]] * len({names[i] for i in run}) + forward_cost for run in grouped)
+    return prefixes + len(lengths) * max(n - s for n, s in zip(lengths, shared))
+
+
 def plan(prompts: Sequence[Sequence[int]], names: Sequence[str], minimum: int, several: bool = True,
          cheapest: bool = True) -> list[int]:
     """Per row, the length of the prefix it shares with its group (0: none),
@@ -81,14 +90,14 @@ def plan(prompts: Sequence[Sequence[int]], names: Sequence[str], minimum: int, s
     if not prompts:
         return []
     neighbours = [0] + [_common(prompts[i - 1], prompts[i]) for i in range(1, len(prompts))]
+    lengths = [len(p) for p in prompts]
     if not several:
         return _shares([list(range(len(prompts)))], neighbours, names, minimum, len(prompts))
     best, best_cost = None, None
     for threshold in sorted({minimum} | ({n for n in neighbours if n > minimum} if cheapest else set())):
         runs = _runs(neighbours, threshold)
         shared = _shares(runs, neighbours, names, minimum, len(prompts))
-        tokens, forwards = tokens_run(prompts, names, shared)
-        cost = tokens + minimum * forwards  # a forward's fixed cost, about that many tokens' work
+        cost = _cost(runs, shared, names, lengths, forward_cost=minimum)
         if best_cost is None or cost < best_cost:  # ties: the lower threshold, fewer forwards
             best, best_cost = shared, cost
     return best
