@@ -290,11 +290,15 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
+def override_key(override: str) -> list[str]:
+    """The dotted key of a `key=value` override, as its parts."""
+    return [p for p in override.partition("=")[0].strip().split(".") if p]
+
+
 def apply_override(data: dict[str, Any], override: str) -> None:
     if "=" not in override:
         raise RecipeError(f"override {override!r} is not `key=value`; write e.g. `phases.red.steps=2`")
-    key, _, raw = override.partition("=")
-    parts = [p for p in key.strip().split(".") if p]
+    parts, raw = override_key(override), override.partition("=")[2]
     if not parts:
         raise RecipeError(f"override {override!r} has an empty key; write e.g. `iterations=2`")
     node = data
@@ -358,7 +362,7 @@ def build_recipe(data: dict[str, Any], source: str = "recipe", overrides: list[s
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        keys = {".".join(p for p in o.partition("=")[0].strip().split(".") if p): o for o in overrides}
+        keys = {".".join(override_key(o)): o for o in overrides}
         lines = [_format_error(e, source, cls, keys) for e in exc.errors()]
         raise RecipeError(lines[0] if len(lines) == 1 else "\n".join(lines)) from None
 

@@ -91,3 +91,19 @@ def test_scores_per_request_group_equal_rows_alone(role_model):
     for r, scores in zip(reqs, together):
         for a, b in zip(scores, engine.score_choices([r])[0]):
             assert a == pytest.approx(b, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_common_prefix_equals_a_token_by_token_count(seed):
+    """forward.common_prefix (a binary search on slices) against the plain count."""
+    from lora_triplay.training.forward import common_prefix
+
+    rng = random.Random(seed)
+    head = [rng.randrange(4) for _ in range(rng.randrange(0, 30))]
+    prompts = [head + [rng.randrange(4) for _ in range(rng.randrange(0, 10))] for _ in range(rng.randrange(1, 6))]
+    prompts = [tuple(p) if rng.random() < 0.5 else p for p in prompts]  # tuples (the trainer's keys) beside lists
+    limit, n = min(len(p) for p in prompts) - 1, 0
+    while n < limit and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    for minimum in (0, 3):
+        assert common_prefix(prompts, minimum) == (0 if len(prompts) < 2 or n < minimum else n)

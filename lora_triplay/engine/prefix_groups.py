@@ -24,13 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """Tokens a and b start with, keeping at least one token of each for its own pass."""
-    limit, n = min(len(a), len(b)) - 1, 0
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
+from ..training.forward import common_prefix
 
 
 def _runs(neighbours: list[int], threshold: int) -> list[list[int]]:
@@ -89,7 +83,8 @@ def plan(prompts: Sequence[Sequence[int]], names: Sequence[str], minimum: int, s
     for bench/bench_judge_groups.py's comparison)."""
     if not prompts:
         return []
-    neighbours = [0] + [_common(prompts[i - 1], prompts[i]) for i in range(1, len(prompts))]
+    # what each prompt shares with the one before (keeping a token of each for its own pass)
+    neighbours = [0] + [common_prefix(prompts[i - 1 : i + 1], minimum=0) for i in range(1, len(prompts))]
     lengths = [len(p) for p in prompts]
     if not several:
         return _shares([list(range(len(prompts)))], neighbours, names, minimum, len(prompts))
