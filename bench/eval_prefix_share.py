@@ -1,12 +1,13 @@
 """How much of eval's input is the same in every example, and how much of a
 run's time goes to forwards over eval's template: where a run on the CPU
 spends its time. The shared-prompt forward (training/forward.py)
-computes that prefix once per micro-batch, but forward.padded_tokens sizes
-micro-batches as if every prompt ran whole, so an eval update of the
-evidence recipe (8 examples of ~530 tokens, 2,048-token budget) runs in 3
-micro-batches, the prefix 3 times; in one it would run ~18% fewer tokens
-(bench/results/eval_prefix_share.json), which at that budget does not
-make the update faster (bench/bench_prefix_packing.py).
+computes that prefix once per micro-batch. Until 2026-12-06
+forward.padded_tokens sized micro-batches as if every prompt ran whole, so
+an eval update of the evidence recipe (8 examples of ~530 tokens,
+2,048-token budget) ran in 3 micro-batches, the prefix 3 times; in one it
+runs ~18% fewer tokens (bench/results/eval_prefix_share.json). The trainer
+now counts the prefix once, and the recipe's budget holds an update in one
+micro-batch (bench/bench_eval_update.py: x0.62 of the update's time).
 
     python bench/eval_prefix_share.py RUN_FOLDER [--pairs FILE] [--out FILE]
 
@@ -34,7 +35,7 @@ from lora_triplay.bases import resolve_base
 from lora_triplay.judging.parsing import LABEL_CHOICES
 from lora_triplay.model import load_tokenizer
 from lora_triplay.recipe import load_recipe
-from lora_triplay.training.forward import SHARED, Rows, common_prefix
+from lora_triplay.training.forward import SHARED, Rows, common_prefix, padded_tokens
 from lora_triplay.training.supervised import ChoiceExample, _chunks
 from lora_triplay.triplay.roles import eval_messages
 
@@ -51,11 +52,10 @@ EVAL_TEMPLATE_WORK = {("eval_warmup", "update_seconds"): "eval warm start, updat
 def run_tokens(rows: list[Rows]) -> int:
     """Tokens the shared-prompt forward runs for `rows` (forward.py
     _shared_hidden): the common prefix once, each distinct prompt's rest
-    padded to the longest, each completion padded to the longest
-    (forward.padded_tokens counts every prompt whole)."""
-    prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in rows))
-    shared = common_prefix(prompts)
-    return shared + len(prompts) * (max(len(p) for p in prompts) - shared) + len(rows) * max(len(r.completion_ids) for r in rows)
+    padded to the longest, each completion padded to the longest. Since
+    2026-12-06 the trainer's own count (forward.padded_tokens); before, it
+    counted every prompt whole."""
+    return padded_tokens(rows, SHARED)
 
 
 def step_packing(ids: list[list[int]], choices: list[list[int]], per_step: int, budget: int) -> dict:

@@ -59,14 +59,17 @@ def test_shared_prefix_and_time_split(tmp_path, tiny_model_dir, monkeypatch):
     assert split["minutes_on_eval_template_total"] == 2.3
 
 
-def test_prefix_packing_bench_times_both_accountings(tmp_path, tiny_model_dir, monkeypatch):
-    """bench/bench_prefix_packing.py on the tiny model: at a budget that
-    holds one example, counting the prefix once packs fewer micro-batches;
-    both are timed, and the trainer's own accounting is left in place."""
+def test_eval_update_bench_times_each_change(tmp_path, tiny_model_dir, monkeypatch):
+    """bench/bench_eval_update.py on the tiny model: at a budget that holds
+    two examples only with the prefix counted once, `before` (every prompt
+    whole) packs more micro-batches than the trainer now; every variant is
+    timed with its system time and page faults, and the trainer's settings
+    are back in place afterwards."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import bench_prefix_packing
+    import bench_eval_update
 
     import lora_triplay.training.supervised as supervised
+    from lora_triplay.engine import fastpath
     from lora_triplay.training.forward import padded_tokens
 
     pairs = tmp_path / "pairs.jsonl"
@@ -75,22 +78,26 @@ def test_prefix_packing_bench_times_both_accountings(tmp_path, tiny_model_dir, m
     recipe = build_recipe({"model": {"base": tiny_model_dir}, "experts": {"gold_pairs": str(pairs)},
                            "phases": {"eval": {"prompts_per_step": 4}}})
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
-    from eval_prefix_share import eval_examples, run_tokens
+    from eval_prefix_share import eval_examples
 
     from lora_triplay.training.forward import Rows
 
     ids, choices, _ = eval_examples(recipe, None)
     two = [Rows(p, c) for p in ids[:2] for c in choices]
-    budget = run_tokens(two)  # two examples fit when the shared prefix counts once, not when each prompt counts whole
-    assert budget < padded_tokens(two, "shared_prompt")
-    out = tmp_path / "packing.json"
-    assert bench_prefix_packing.main([str(tmp_path), "--repeats", "1", "--budget", str(budget), "--profile", "--out", str(out)]) == 0
+    budget = padded_tokens(two, "shared_prompt")  # two examples fit with the prefix counted once, not counted whole
+    assert budget < bench_eval_update.whole_prompts(two, "shared_prompt")
+    out = tmp_path / "update.json"
+    argv = [str(tmp_path), "--rounds", "1", "--block", "2", "--budgets", f"{budget},100000", "--profile", "--out", str(out)]
+    assert bench_eval_update.main(argv) == 0
     got = json.loads(out.read_text())
     prof = got["profile"]  # one more update, its operators by kind
-    kinds = {label for _, label in bench_prefix_packing.KINDS} | {"everything else"}
+    kinds = {label for _, label in bench_eval_update.KINDS} | {"everything else"}
     assert set(prof["self_seconds_by_kind"]) <= kinds and sum(prof["self_seconds_by_kind"].values()) > 0
     assert prof["top_operators"] and prof["wall_seconds"] > 0
-    assert prof["frozen_base_gemm_gflops"] is None or prof["frozen_base_gemm_gflops"] > 0
-    assert got["microbatches"]["whole_prompts"] == 4 and got["microbatches"]["prefix_once"] < 4
-    assert len(got["seconds"]["prefix_once"]) == len(got["seconds"]["whole_prompts"]) == 1
-    assert supervised.padded_tokens is padded_tokens
+    parts = got["microbatches"]
+    assert parts["before"] == 4 and parts["prefix_once"] == parts["keep_freed"] == 2 and parts["keep_freed@100000"] == 1
+    variants = ["before", "prefix_once", "grouped_sdpa", "keep_freed", "grouped_sdpa@100000", "keep_freed@100000"]
+    assert list(got["seconds"]) == variants and all(len(got["seconds"][v]) == 1 for v in variants)
+    assert all(len(got["system_seconds"][v]) == len(got["minor_faults"][v]) == 1 for v in variants)
+    assert got["ratio_to_before"]["before"] == 1.0
+    assert supervised.padded_tokens is padded_tokens and fastpath.GROUPED_SDPA

@@ -118,6 +118,75 @@ def test_decode_attention_equals_sdpa(masked):
     assert torch.allclose(ours, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
+def test_grouped_sdpa_equals_transformers_sdpa_forward_and_backward(mask_kind):
+    """Many query tokens on a padded cache (an update's remainder and label
+    passes): SDPA's own grouped-query attention gives transformers' numbers
+    and gradients, without copying each key/value head per query head."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+
+    class Module:
+        num_key_value_groups = 3
+        is_causal = True
+        training = True
+
+    B, H, KVH, D, q_len, T = 3, 6, 2, 16, 5, 13
+    mask = None
+    if mask_kind != "none":
+        causal = torch.arange(T)[None, :] <= (T - q_len + torch.arange(q_len))[:, None]
+        keep = causal.expand(B, 1, q_len, T).clone()
+        keep[0, ..., :4] = False  # a left-padded row
+        mask = keep if mask_kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+    leaves = [torch.randn(B, H, q_len, D), torch.randn(B, KVH, T, D), torch.randn(B, KVH, T, D)]
+    grad = torch.randn(B, q_len, H, D)
+    outs = []
+    for function in (fastpath.grouped_sdpa, sdpa_attention_forward):
+        q, k, v = (t.clone().requires_grad_() for t in leaves)
+        out, _ = function(Module(), q, k, v, mask, scaling=D ** -0.5)
+        out.backward(grad)
+        outs.append((out.detach(), q.grad, k.grad, v.grad))
+    for ours, ref in zip(*outs):
+        assert ours.shape == ref.shape and torch.allclose(ours, ref, atol=1e-5)
+
+
+def test_grouped_sdpa_serves_updates_on_the_cpu(tiny_model_dir, monkeypatch):
+    """A learner's update attends through grouped_sdpa: SDPA sees the key/value
+    heads unrepeated (transformers' own SDPA repeats them under a mask), and
+    the update ends on the same weights either way."""
+    from lora_triplay.model import activate, attach_role_adapters, load_base
+    from lora_triplay.recipe import GrpoConfig, ModelConfig
+    from lora_triplay.training.grpo import GrpoLearner
+    from lora_triplay.training.supervised import ChoiceExample
+
+    real = torch.nn.functional.scaled_dot_product_attention
+    heads: list[tuple[int, int]] = []  # (query heads, key heads) SDPA was given
+
+    def spy(query, key, *args, **kwargs):
+        heads.append((query.shape[1], key.shape[1]))
+        return real(query, key, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    finals, seen = [], {}
+    for grouped in (True, False):
+        monkeypatch.setattr(fastpath, "GROUPED_SDPA", grouped)
+        heads.clear()
+        torch.manual_seed(0)
+        base, _, _ = load_base(ModelConfig(base=str(tiny_model_dir), device="cpu", dtype="float32"))
+        model = attach_role_adapters(base, LoraConfig(rank=4, alpha=8), seed=0, names=["judge"])
+        learner = GrpoLearner(model, activate(model, "judge"), GrpoConfig(max_tokens_per_microbatch=64), lr=1e-2, pad_id=0)
+        prompt = list(range(5, 30))
+        examples = [ChoiceExample(prompt + [40 + i, 41, 42 + i], [[7, 2], [8, 9, 2]], i % 2) for i in range(4)]
+        learner.step([], examples)
+        finals.append(torch.cat([p.detach().flatten() for p in learner.params]))
+        seen[grouped] = set(heads)
+        assert model.config._attn_implementation == "sdpa"  # put back after the update
+    assert seen[True] == {(4, 2)}  # the tiny model: 4 query heads on 2 key/value heads, never repeated
+    assert (4, 4) in seen[False]  # transformers' SDPA repeated them for the masked passes
+    assert torch.allclose(finals[0], finals[1], atol=1e-5)
+
+
 # ------------------------------------------ the GEMMs (engine/fastgemm.py)
 
 # (ONEDNN, FUSE, LM_HEAD_BLOCK): the fast path as it was, each part alone,

@@ -13,6 +13,7 @@ from lora_triplay.recipe import GrpoConfig
 from lora_triplay.training.forward import (
     FULL,
     SHARED,
+    Rows,
     choose_layout,
     completion_logprobs,
     decoder_and_head,
@@ -185,6 +186,30 @@ def test_pack_respects_the_budget_and_keeps_groups_whole():
     assert any(group0 <= set(p) for p in parts)
     # grad_accumulation asks for at least that many micro-batches
     assert len(pack(rows, FULL, None, min_parts=4)) >= 4
+
+
+def test_padded_tokens_counts_what_the_shared_prompt_forward_runs(role_model):
+    """The shared prefix once, each prompt's remainder padded to the widest,
+    each completion padded: the tokens _shared_hidden feeds the decoder
+    (counted by a spy on the decoder), so a micro-batch budget means tokens
+    run. Every prompt whole would count the 40-token prefix three times."""
+    model, tok = role_model
+    prefix = [5 + (i % 50) for i in range(40)]
+    rows = [Rows(prefix + [60, 61], [7, 8, 2]), Rows(prefix + [62, 63, 64, 65], [9, 2]),
+            Rows(prefix + [66], [7, 2]), Rows(prefix + [66], [7, 8, 9, 2])]
+    want = 40 + 3 * 4 + 4 * 4
+    assert padded_tokens(rows, SHARED) == want
+    assert padded_tokens(rows, SHARED) < 3 * 44 + 4 * 4  # the old count: every distinct prompt whole
+    decoder, _ = decoder_and_head(model)
+    seen = []
+    hook = decoder.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            completion_logprobs(model, rows, tok.pad_token_id, SHARED, LogprobComputer("chunked", chunk_tokens=64))
+    finally:
+        hook.remove()
+    # prefix, remainders, then completions but their last token (it predicts nothing)
+    assert sum(seen) == want - 4
 
 
 def test_fused_kernel_is_used_only_if_it_agrees(role_model):

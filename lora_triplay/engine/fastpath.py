@@ -20,7 +20,10 @@ within 1e-4):
   for one query token, SDPA with a padding mask repeats each key/value head
   once per query head it serves (a copy of the whole cache per layer per
   step); here the query heads are grouped onto their key/value head and
-  attend with two batched matmuls. Longer queries (prefill) go to SDPA.
+  attend with two batched matmuls. Longer queries (prefill, choice trees)
+  and every update on the CPU (`TRAIN_ATTENTION`) go to `grouped_sdpa`:
+  SDPA's own grouped-query attention under a mask, where transformers
+  would repeat the heads (the copy again, and its gradient in an update).
 - **the base's GEMMs** (`fastgemm.py`): oneDNN instead of MKL for fp32 on
   CPU, q/k/v and gate/up as one GEMM each (with their LoRA deltas), every
   LoRA layer without a hook, the lm_head in column blocks.
@@ -30,6 +33,7 @@ within 1e-4):
 from __future__ import annotations
 
 import contextlib
+import os
 from functools import partial
 
 import torch
@@ -38,12 +42,14 @@ from ..training.precision import widened
 from .fastgemm import blocked_lm_head, find_groups, onednn_linears, onednn_ok, plain_linears
 
 DECODE_ATTENTION = "lora_triplay_decode"
+TRAIN_ATTENTION = "lora_triplay_grouped_sdpa"
 
 # Module-level switches, read when serving starts; bench_roofline.py turns
 # them off for its side-by-side "before" (the numbers are the same either way).
 ONEDNN = True  # base GEMMs (every plain Linear of the base) through oneDNN
 FUSE = True  # q/k/v and gate/up as one GEMM each, every LoRA layer without a hook
 LM_HEAD_BLOCK = 4096  # columns per lm_head GEMM; 0: transformers' own lm_head
+GROUPED_SDPA = os.environ.get("LORA_TRIPLAY_GROUPED_SDPA", "1") != "0"  # grouped_sdpa; off: transformers' SDPA
 
 
 # ------------------------------------------------------------ multi-LoRA
@@ -221,13 +227,11 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     """Attention for one query token per row, grouped-query heads attending
     their shared key/value head without copying it; anything else goes to
     transformers' SDPA. Returns (B, q, H, D) like every attention function."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     B, H, q, D = query.shape
     KVH = key.shape[1]
     if q != 1 or torch.is_grad_enabled() or H % KVH:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
     G = H // KVH
     scale = scaling if scaling is not None else D ** -0.5
     scores = widened(torch.matmul(query.reshape(B, KVH, G, D), key.transpose(-1, -2))) * scale  # (B, KVH, G, T)
@@ -242,19 +246,51 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
 
 
-def register_decode_attention() -> None:
-    """Make `DECODE_ATTENTION` a transformers attention implementation
-    (with SDPA's mask) once per process."""
+def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA, except that on the CPU a masked grouped-query
+    attention runs as SDPA's own grouped-query attention (`enable_gqa`).
+    transformers copies every key/value head once per query head it serves
+    whenever there is a mask (CUDA kernels would fall back to the math one):
+    the whole cache, per layer, forward and backward. Measured on
+    SmolLM2-135M's shapes (9 query heads on 3, 2 threads): 9 rows of 4 label
+    tokens on a 568-token cache, forward + backward 19-68 -> 4-6 ms a layer;
+    the same numbers (tests/test_fastpath.py)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (not GROUPED_SDPA or query.device.type != "cpu" or groups <= 1 or attention_mask is None
+             or any(kwargs.get(k) is not None for k in ("position_bias", "cache")) or kwargs.get("output_attentions"))
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # with a mask transformers' SDPA is never causal: the mask says it all
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                                           scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Make `DECODE_ATTENTION` (rollouts) and `TRAIN_ATTENTION` (updates)
+    transformers attention implementations, with SDPA's mask, once per process."""
     from transformers import AttentionInterface
     from transformers.masking_utils import (
         ALL_MASK_ATTENTION_FUNCTIONS,
         AttentionMaskInterface,
     )
 
-    if DECODE_ATTENTION in AttentionInterface._global_mapping:
-        return
-    AttentionInterface.register(DECODE_ATTENTION, decode_attention)
-    AttentionMaskInterface.register(DECODE_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    for name, function in ((DECODE_ATTENTION, decode_attention), (TRAIN_ATTENTION, grouped_sdpa)):
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, function)
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def training_attention(model):
+    """The attention an update on `model` runs: `TRAIN_ATTENTION` where the
+    model uses SDPA on the CPU, else its own (None)."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or next(model.parameters()).device.type != "cpu":
+        return None
+    register_attention()
+    return TRAIN_ATTENTION
 
 
 @contextlib.contextmanager

@@ -175,7 +175,7 @@ class HFEngine(ChatTokens):
             return
         if self._multilora is None:
             self._multilora = fastpath.MultiLora(self.model)
-            fastpath.register_decode_attention()
+            fastpath.register_attention()
         if not self._multilora.supported:
             yield
             return

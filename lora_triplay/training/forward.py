@@ -86,8 +86,11 @@ def padded_tokens(rows: Sequence[Rows], layout: str) -> int:
         return 0
     if layout == FULL:
         return len(rows) * max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    prompts = {tuple(r.prompt_ids) for r in rows}
-    return len(prompts) * max(len(p) for p in prompts) + len(rows) * max(len(r.completion_ids) for r in rows)
+    # as _shared_hidden runs them: the prefix every prompt shares once, each
+    # prompt's remainder padded to the widest, each completion padded
+    prompts = list({tuple(r.prompt_ids) for r in rows})
+    shared = common_prefix(prompts)
+    return shared + len(prompts) * (max(len(p) for p in prompts) - shared) + len(rows) * max(len(r.completion_ids) for r in rows)
 
 
 def pack(rows: Sequence[Rows], layout: str, max_tokens: int | None, min_parts: int = 1) -> list[list[int]]:

@@ -39,11 +39,13 @@ import torch
 
 from ..core.distributed import Collective
 from ..core.faults import crash_point
+from ..engine import fastpath
 from ..recipe import GrpoConfig
 from . import supervised
 from .advantages import Sample
 from .forward import FULL, SHARED, Logprobs, choose_layout, completion_logprobs, pack
 from .frozen_linears import onednn_training
+from .host_memory import keep_freed_memory
 from .logprobs import LogprobComputer, logit_transform
 from .sharding import is_sharded
 from .supervised import ChoiceExample
@@ -85,6 +87,8 @@ class GrpoLearner:
             config = getattr(model, "config", None)
             computer = LogprobComputer(cfg.logprob_kernel, cfg.logprob_chunk_tokens, logit_transform(config) if config is not None else None)
         self.computer = computer
+        if next(model.parameters()).device.type == "cpu":
+            keep_freed_memory()  # an update's activations are allocated again by the next one (host_memory.py)
         self.layout: str | None = None
         # a sharded base (sharding.py): the one-token sample of the micro-batches
         # a rank runs only to keep step with busier ranks, and how many it ran
@@ -252,7 +256,7 @@ class GrpoLearner:
             stats.skipped = True  # on every rank: nothing to learn from anywhere
             return stats
         model.train()
-        with onednn_training(model):
+        with onednn_training(model), fastpath.attention(model, fastpath.training_attention(model)):
             self._updates(stats, samples, examples, smoothing, n_examples)
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
