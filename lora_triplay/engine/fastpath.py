@@ -226,7 +226,7 @@ def reserved_cache(model, capacity: int):
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """Attention for one query token per row, grouped-query heads attending
     their shared key/value head without copying it; anything else goes to
-    transformers' SDPA. Returns (B, q, H, D) like every attention function."""
+    `grouped_sdpa`. Returns (B, q, H, D) like every attention function."""
     B, H, q, D = query.shape
     KVH = key.shape[1]
     if q != 1 or torch.is_grad_enabled() or H % KVH:
