@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import torch
-from eval_prefix_share import eval_examples, run_tokens
+from eval_prefix_share import eval_examples
 from results_io import save_results
 
 import lora_triplay.training.supervised as supervised
@@ -114,7 +114,7 @@ def base_gemm_flops(model, examples, layout: str, max_tokens) -> float:
     prefix once per micro-batch, as _shared_hidden runs it)."""
     weights = sum(m.weight.numel() for name, m in model.named_modules()  # not the adapters' own (lora_A/B) Linears
                   if isinstance(m, torch.nn.Linear) and "lora_" not in name and m.weight.shape[0] != model.config.vocab_size)
-    tokens = sum(run_tokens([supervised._Row(e.prompt_ids, c) for e in chunk for c in e.choices])
+    tokens = sum(forward.padded_tokens([supervised._Row(e.prompt_ids, c) for e in chunk for c in e.choices], layout)
                  for chunk in supervised._chunks(examples, layout, max_tokens))
     return 4.0 * weights * tokens
 

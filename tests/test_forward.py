@@ -198,8 +198,7 @@ def test_padded_tokens_counts_what_the_shared_prompt_forward_runs(role_model):
     rows = [Rows(prefix + [60, 61], [7, 8, 2]), Rows(prefix + [62, 63, 64, 65], [9, 2]),
             Rows(prefix + [66], [7, 2]), Rows(prefix + [66], [7, 8, 9, 2])]
     want = 40 + 3 * 4 + 4 * 4
-    assert padded_tokens(rows, SHARED) == want
-    assert padded_tokens(rows, SHARED) < 3 * 44 + 4 * 4  # the old count: every distinct prompt whole
+    assert padded_tokens(rows, SHARED) == want  # counted whole, each distinct prompt: 3 x 44 + 4 x 4
     decoder, _ = decoder_and_head(model)
     seen = []
     hook = decoder.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
