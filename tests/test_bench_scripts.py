@@ -113,3 +113,17 @@ def test_judge_groups_compares_two_plans_of_one_run(finished_run, tmp_path):
         assert got["pairs"] > 0 and got["template_s"] > 0 and got["cheapest_s"] > 0
         assert got["max_abs_logprob_diff"] < 1e-4
         assert got["cheapest_prefill_tokens"] <= got["template_prefill_tokens"] + 16 * got["cheapest_prefix_forwards"]
+
+
+def test_sampler_bench_times_both_samplers_on_the_tiny_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "sampler.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sampler.py"), "--base", tiny_model_dir, "--prompts", "2",
+                           "--samples", "3", "--max-new-tokens", "4", "--rounds", "1", "--vocab", "1000", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["sampler"]["vocab"] == 1000 and result["sampler"]["multinomial_ms"] > 0 < result["sampler"]["inverse_cdf_ms"]
+    rollout = result["rollout"]
+    assert rollout["rows"] == 6 and len(rollout["multinomial_all_s"]) == len(rollout["inverse_cdf_all_s"]) == 1
+    assert rollout["multinomial_tokens_per_s"] > 0 and rollout["inverse_cdf_tokens_per_s"] > 0

@@ -29,6 +29,7 @@ from ..training.precision import widened
 from ..training.sharding import Lockstep, is_sharded
 from . import choice_tree, fastpath, prefix_groups
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
+from .decode import Decode
 
 PEFT_BASE = "__base__"
 
@@ -302,7 +303,7 @@ class HFEngine(ChatTokens):
         index = torch.tensor([where[(r[0], r[2])] for r in rows], device=device)
         cache.batch_select_indices(index)
         seeds = None if sampling.greedy else [row_seed(sampling.seed, r[0], r[1]) for r in rows]
-        decode = _Decode(sampling, self.eos_ids, len(rows), device, seen_ids=(u_ids[index], u_mask[index]), seeds=seeds)
+        decode = Decode(sampling, self.eos_ids, len(rows), device, seen_ids=(u_ids[index], u_mask[index]), seeds=seeds)
         tokens, logps, lengths, finished = decode.run(
             self._forward, cache, u_mask[index], u_pos[index, -1] + 1, last[index], [r[2] for r in rows], self.pad_id
         )
@@ -391,92 +392,3 @@ class HFEngine(ChatTokens):
             lp += [logp[r, t - 1, toks[t]].item() for t in range(1, len(toks))]
             out[b].append(lp)
         return out
-
-
-class _Decode:
-    """The sampling loop after prefill: one token per step for every live
-    row, the same processors as transformers (repetition penalty,
-    temperature, top-p; greedy = argmax of the raw logits), the raw
-    (pre-temperature) log-prob of each sampled token, as vLLM reports it."""
-
-    # Compact the batch (drop finished rows from the cache) once this share
-    # of the live rows is done: each compaction copies the cache.
-    COMPACT_SHARE = 0.125
-
-    def __init__(self, sampling: Sampling, eos_ids: list[int], rows: int, device, seen_ids=None, seeds=None):
-        self.s, self.rows, self.device = sampling, rows, device
-        self.eos = torch.tensor(eos_ids, device=device)
-        # one generator per row (see HFEngine.generate); None: the global RNG
-        self.gens = None if seeds is None else [torch.Generator(device=device).manual_seed(x) for x in seeds]
-        # Repetition penalty (transformers' rule) applies to every token seen
-        # so far in the row, prompt included.
-        self.seen: list[list[int]] | None = None
-        if sampling.repetition_penalty != 1.0 and seen_ids is not None:
-            ids, mask = seen_ids
-            self.seen = [ids[i][mask[i].bool()].tolist() for i in range(ids.shape[0])]
-
-    def _pick(self, logits: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        s = self.s
-        if s.greedy and s.repetition_penalty == 1.0:
-            return logits.argmax(-1)
-        scores = logits
-        if s.repetition_penalty != 1.0:
-            scores = scores.clone()
-            for r, row in enumerate(live.tolist()):
-                idx = self.seen[row]
-                vals = scores[r, idx]
-                scores[r, idx] = torch.where(vals < 0, vals * s.repetition_penalty, vals / s.repetition_penalty)
-        if s.greedy:
-            return scores.argmax(-1)
-        scores = scores / s.temperature
-        if s.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, descending=False)
-            cum = sorted_scores.softmax(-1).cumsum(-1)
-            drop = cum <= (1 - s.top_p)
-            drop[:, -1] = False  # keep at least the most likely token
-            scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-        probs = torch.softmax(scores, -1)
-        if self.gens is None:
-            return torch.multinomial(probs, 1).squeeze(-1)
-        return torch.cat([torch.multinomial(probs[i], 1, generator=self.gens[row]) for i, row in enumerate(live.tolist())])
-
-    def run(self, forward, cache, mask, next_pos, logits, names, pad_id):
-        """`forward(names, **model_kwargs)` runs the model with row i on
-        adapter names[i]."""
-        T, B, dev = self.s.max_new_tokens, self.rows, self.device
-        tokens = torch.full((B, T), pad_id, dtype=torch.long)
-        logps = torch.zeros((B, T), dtype=torch.float32)
-        lengths = torch.zeros(B, dtype=torch.long)
-        finished = torch.zeros(B, dtype=torch.bool)
-        live = torch.arange(B, device=dev)  # batch position -> row
-        done_in_batch = torch.zeros(B, dtype=torch.bool, device=dev)
-        for t in range(T):
-            logits = widened(logits)
-            tok = self._pick(logits, live)
-            lp = torch.log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            rows_now = live[~done_in_batch]
-            tok_now, lp_now = tok[~done_in_batch], lp[~done_in_batch]
-            tokens[rows_now.cpu(), t] = tok_now.cpu()
-            logps[rows_now.cpu(), t] = lp_now.cpu().to(logps.dtype)
-            lengths[rows_now.cpu()] = t + 1
-            ended = torch.isin(tok, self.eos) & ~done_in_batch
-            finished[live[ended].cpu()] = True
-            done_in_batch |= ended
-            if self.seen is not None:
-                for r, row in enumerate(live.tolist()):
-                    self.seen[row].append(int(tok[r]))
-            if bool(done_in_batch.all()) or t == T - 1:
-                break
-            if int(done_in_batch.sum()) >= max(1, int(self.COMPACT_SHARE * len(live))):
-                keep = (~done_in_batch).nonzero(as_tuple=True)[0]
-                cache.batch_select_indices(keep)
-                live, mask, next_pos, tok = live[keep], mask[keep], next_pos[keep], tok[keep]
-                names = [names[i] for i in keep.tolist()]
-                done_in_batch = done_in_batch[keep]
-            tok = torch.where(done_in_batch, torch.full_like(tok, pad_id), tok)
-            mask = torch.cat([mask, (~done_in_batch).long().unsqueeze(-1)], dim=1)
-            out = forward(names, input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
-                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
-        return tokens, logps, lengths, finished
