@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import compare_variants, role_engine, save_results
+from results_io import save_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -83,9 +83,18 @@ def time_rollout(base: str, prompts: int, samples: int, new_tokens: int, rounds:
 
     from lora_triplay.engine import decode
     from lora_triplay.engine.base import Request, Sampling
-    from lora_triplay.triplay.roles import blue_messages, load_basic_prompts
+    from lora_triplay.engine.hf import HFEngine
+    from lora_triplay.model import attach_role_adapters, load_base
+    from lora_triplay.recipe import LoraConfig, ModelConfig
+    from lora_triplay.tiny import randomize_lora_b
+    from lora_triplay.triplay.roles import ROLE_ADAPTERS, blue_messages, load_basic_prompts
 
-    engine = role_engine(base)
+    model, tok, _ = load_base(ModelConfig(base=base, device="cpu", dtype="float32"))
+    lora = LoraConfig(rank=16, alpha=32)
+    model = attach_role_adapters(model, lora, seed=0, names=list(ROLE_ADAPTERS.values()))
+    randomize_lora_b(model, seed=1, scale=0.01)
+    model.eval()
+    engine = HFEngine(model, tok, max_batch_size=64, lora=lora)
     reqs = [Request("blue", blue_messages(p.prompt), n=samples) for p in load_basic_prompts()[:prompts]]
     variants = {"multinomial": old_pick(decode.Decode), "inverse_cdf": (decode.Decode.__init__, decode.Decode._pick)}
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -104,7 +113,12 @@ def time_rollout(base: str, prompts: int, samples: int, new_tokens: int, rounds:
         decode.Decode.__init__, decode.Decode._pick = original
     res = {"base": base, "rows": prompts * samples, "max_new_tokens": new_tokens, "rounds": rounds,
            "threads": torch.get_num_threads()}
-    return {**res, **compare_variants(times, tokens, "multinomial", "inverse_cdf")}
+    for k in variants:
+        res[f"{k}_s"] = statistics.median(times[k])
+        res[f"{k}_tokens_per_s"] = statistics.median(t / s for t, s in zip(tokens[k], times[k]))
+        res[f"{k}_all_s"] = times[k]
+    res["ratio"] = res["inverse_cdf_s"] / res["multinomial_s"]
+    return res
 
 
 def main() -> None:

@@ -5,10 +5,9 @@ step, the first token whose cumulative probability passes it. That is the
 distribution `torch.multinomial(probs, 1)` draws from, but multinomial
 draws one exponential per vocabulary entry: 2.5 s of a 14.8 s rollout of 64
 rows x 40 tokens at SmolLM2's 49,152 (aten::exponential_, torch.profiler,
-2 threads; bench/bench_sampler.py). The running totals are float64, so
-their rounding (~V x 1e-16) moves no token's probability measurably; a
-float32 cumulative sum over the whole row could move one by up to
-~V x 6e-8 = 3e-3. Only sums of 256 neighbours are float32 (below).
+2 threads; bench/bench_sampler.py). The cumulative sums run in float64, so
+their rounding (~V x 1e-16) moves no token's probability measurably; in
+float32 it could move one by up to ~V x 6e-8 = 3e-3.
 """
 from __future__ import annotations
 
@@ -27,24 +26,23 @@ def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     [0, 1) per row): the first token whose cumulative probability exceeds
     u x the row's total.
 
-    In two levels, so no rows x vocabulary float64 buffer is made (25 MB a
-    step at 64 rows of 49,152: 12-16 ms as a cumulative sum, 24-50 ms a step
-    as a float64 block sum inside a rollout, against ~0.3 ms): the blocks'
-    sums (float32, 256 terms each: off by ~1e-7 of a block's mass, at most
-    ~1.5e-5) and their running total in float64 find the block the target
-    falls in, then the float64 cumulative sum inside that block alone finds
-    the token. A token of probability 0 is never drawn: its cumulative value
-    equals its predecessor's, so it is never the first to exceed the target,
-    and where the two levels' sums round apart the draw stays on the block's
-    last token of probability > 0."""
+    In two levels, so no rows x vocabulary float64 cumulative sum is made
+    (25 MB a step at 64 rows of 49,152, faulted in afresh each time: 12-16
+    ms against ~1 ms): the blocks' sums in float64 find the block the target
+    falls in, then the cumulative sum inside that block alone finds the
+    token. (`sum(dtype=float64)` still copies the rows into float64 first;
+    float32 block sums instead timed the same inside a rollout, x0.999,
+    bench/BENCHMARKS.md "Cascade attention".) A token
+    of probability 0 is never drawn: its cumulative value equals its
+    predecessor's, so it is never the first to exceed the target, and where
+    the two levels' sums round apart by the last bit the draw stays on the
+    block's last token of probability > 0."""
     rows, vocab = probs.shape
     full = vocab // BLOCK
-    # each block's sum in float32 (a `sum(dtype=float64)` first copies the
-    # whole rows x vocabulary into float64), their running total in float64
-    sums = probs[:, : full * BLOCK].reshape(rows, full, BLOCK).sum(-1)
+    sums = probs[:, : full * BLOCK].reshape(rows, full, BLOCK).sum(-1, dtype=torch.float64)
     if vocab > full * BLOCK:
-        sums = torch.cat([sums, probs[:, full * BLOCK:].sum(-1, keepdim=True)], 1)
-    block_cdf = sums.to(torch.float64).cumsum(-1)
+        sums = torch.cat([sums, probs[:, full * BLOCK:].sum(-1, keepdim=True, dtype=torch.float64)], 1)
+    block_cdf = sums.cumsum(-1)
     total = block_cdf[:, -1:]
     # u x total can round up to total itself when u is within 2^-53 of 1;
     # kept below it, some block's cumulative value always exceeds the target
@@ -118,10 +116,9 @@ class Decode:
             uniforms = self.uniforms[live, step]
         return sample_inverse_cdf(probs, uniforms)
 
-    def run(self, forward, cache, mask, next_pos, logits, names, pad_id, on_keep=None):
+    def run(self, forward, cache, mask, next_pos, logits, names, pad_id):
         """`forward(names, **model_kwargs)` runs the model with row i on
-        adapter names[i]; `on_keep(kept)` hears which batch positions stay
-        whenever finished rows leave the batch (and `cache`)."""
+        adapter names[i]."""
         T, B, dev = self.s.max_new_tokens, self.rows, self.device
         tokens = torch.full((B, T), pad_id, dtype=torch.long)
         logps = torch.zeros((B, T), dtype=torch.float32)
@@ -149,8 +146,6 @@ class Decode:
             if int(done_in_batch.sum()) >= max(1, int(self.COMPACT_SHARE * len(live))):
                 keep = (~done_in_batch).nonzero(as_tuple=True)[0]
                 cache.batch_select_indices(keep)
-                if on_keep is not None:
-                    on_keep(keep)
                 live, mask, next_pos, tok = live[keep], mask[keep], next_pos[keep], tok[keep]
                 names = [names[i] for i in keep.tolist()]
                 done_in_batch = done_in_batch[keep]

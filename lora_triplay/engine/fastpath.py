@@ -39,7 +39,6 @@ from functools import partial
 import torch
 
 from ..training.precision import widened
-from . import cascade
 from .fastgemm import blocked_lm_head, find_groups, onednn_linears, onednn_ok, plain_linears
 
 DECODE_ATTENTION = "lora_triplay_decode"
@@ -227,25 +226,17 @@ def reserved_cache(model, capacity: int):
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """Attention for one query token per row, grouped-query heads attending
     their shared key/value head without copying it; anything else goes to
-    `grouped_sdpa`. During a cascaded rollout (cascade.py) key/value hold
-    the rows' own tokens and their prompts come from the cascade. Returns
-    (B, q, H, D) like every attention function."""
+    `grouped_sdpa`. Returns (B, q, H, D) like every attention function."""
     B, H, q, D = query.shape
     KVH = key.shape[1]
-    prompts = cascade.active()
     if q != 1 or torch.is_grad_enabled() or H % KVH:
-        if prompts is not None:  # its keys hold the rows' own tokens only: attending them alone would be wrong
-            raise RuntimeError(f"cascade attention serves one new token per row without gradients, got {q} tokens")
         return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
     G = H // KVH
     scale = scaling if scaling is not None else D ** -0.5
-    m = None if attention_mask is None else attention_mask[:, :, -1:, : key.shape[2]]  # (B, 1, 1, T)
-    if prompts is not None:  # the rows' prompts live in the cascade, key/value hold their own tokens
-        out = prompts.attend(module.layer_idx, query.reshape(B, KVH, G, D), key, value, m, scale)
-        return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
     scores = widened(torch.matmul(query.reshape(B, KVH, G, D), key.transpose(-1, -2))) * scale  # (B, KVH, G, T)
-    if m is not None:
+    if attention_mask is not None:
+        m = attention_mask[:, :, -1:, : key.shape[2]]  # (B, 1, 1, T)
         if m.dtype == torch.bool:
             scores = scores.masked_fill(~m, float("-inf"))
         else:

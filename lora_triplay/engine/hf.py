@@ -8,8 +8,7 @@ weights with the trainer, so a sync is free.
 
 Two ways to run a mixed batch, same numbers (tests/test_engine_hf.py): the
 fast path (`fastpath.py`: stacked LoRA GEMMs, an in-place KV cache, grouped
-decode attention; `cascade.py`: a prompt's cache read once for all its
-samples; `fastgemm.py`: oneDNN GEMMs on CPU, q/k/v and gate/up as
+decode attention; `fastgemm.py`: oneDNN GEMMs on CPU, q/k/v and gate/up as
 one GEMM each, a blocked lm_head) and PEFT's own per-row `adapter_names`, kept as the
 reference and for models the fast path does not cover
 (`LORA_TRIPLAY_FAST_ENGINE=0` forces it).
@@ -28,14 +27,11 @@ from ..errors import UserError
 from ..training.forward import MIN_SHARED_PREFIX
 from ..training.precision import widened
 from ..training.sharding import Lockstep, is_sharded
-from . import cascade, choice_tree, fastpath, prefix_groups
+from . import choice_tree, fastpath, prefix_groups
 from .base import BASE, ChatTokens, Completion, Request, Sampling, choose, row_seed
 from .decode import Decode
 
 PEFT_BASE = "__base__"
-# Sampled rollouts with several samples per prompt attend the prompt through
-# cascade.py; bench/bench_cascade.py turns it off for its side-by-side "before".
-CASCADE = os.environ.get("LORA_TRIPLAY_CASCADE", "1") != "0"
 
 
 class HFEngine(ChatTokens):
@@ -207,13 +203,6 @@ class HFEngine(ChatTokens):
     def _new_cache(self, capacity: int):
         return fastpath.reserved_cache(self.model, capacity) if self._serving is not None else None
 
-    def _can_cascade(self) -> bool:
-        """Whether a rollout may keep its prompts' cache apart from its
-        samples' (cascade.py): only where our decode attention, which reads
-        it, is the model's attention, on a cache of plain layers."""
-        return (CASCADE and self._serving is not None and fastpath.supports_reserved(self.model)
-                and self.model.config._attn_implementation == fastpath.DECODE_ATTENTION)
-
     def _can_assemble(self) -> bool:
         """Whether prefill may lay several prefix groups into one cache (ours)."""
         return self._serving is not None and fastpath.supports_reserved(self.model)
@@ -308,22 +297,16 @@ class HFEngine(ChatTokens):
         keys = list(dict.fromkeys((r[0], r[2]) for r in rows))
         first = {key: i for i, key in reversed(list(enumerate((r[0], r[2]) for r in rows)))}
         uniq = [rows[first[key]] for key in keys]
-        cascaded = len(rows) > len(uniq) and self._can_cascade()
         u_ids, u_mask, u_pos, cache, last = self._prefill([r[3] for r in uniq], [r[2] for r in uniq], device, leave_last=False,
-                                                          reserve=0 if cascaded else sampling.max_new_tokens)
+                                                          reserve=sampling.max_new_tokens)
         where = {key: i for i, key in enumerate(keys)}
         index = torch.tensor([where[(r[0], r[2])] for r in rows], device=device)
+        cache.batch_select_indices(index)
         seeds = None if sampling.greedy else [row_seed(sampling.seed, r[0], r[1]) for r in rows]
         decode = Decode(sampling, self.eos_ids, len(rows), device, seen_ids=(u_ids[index], u_mask[index]), seeds=seeds)
-        start = (u_pos[index, -1] + 1, last[index], [r[2] for r in rows], self.pad_id)
-        if cascaded:  # the prompts' cache stays one row per prompt; the samples' tokens get a cache of their own
-            with cascade.Cascade.over(cache, u_mask, index) as prompts:
-                own = self._new_cache(sampling.max_new_tokens)
-                no_tokens = u_mask.new_zeros((len(rows), 0))
-                tokens, logps, lengths, finished = decode.run(self._forward, own, no_tokens, *start, on_keep=prompts.keep)
-        else:
-            cache.batch_select_indices(index)
-            tokens, logps, lengths, finished = decode.run(self._forward, cache, u_mask[index], *start)
+        tokens, logps, lengths, finished = decode.run(
+            self._forward, cache, u_mask[index], u_pos[index, -1] + 1, last[index], [r[2] for r in rows], self.pad_id
+        )
         comps = []
         for i, (_, _, _, prompt) in enumerate(rows):
             n = int(lengths[i])
