@@ -32,11 +32,11 @@ def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     falls in, then the cumulative sum inside that block alone finds the
     token. (`sum(dtype=float64)` still copies the rows into float64 first;
     float32 block sums instead timed the same inside a rollout, x0.999,
-    bench/BENCHMARKS.md "Cascade attention".) A token
-    of probability 0 is never drawn: its cumulative value equals its
-    predecessor's, so it is never the first to exceed the target, and where
-    the two levels' sums round apart by the last bit the draw stays on the
-    block's last token of probability > 0."""
+    bench/BENCHMARKS.md "Cascade attention".) A token of probability 0 is
+    never drawn: its cumulative value equals its predecessor's, so it is
+    never the first to exceed the target, and where the two levels' sums
+    round apart by the last bit the draw stays on the block's last token of
+    probability > 0."""
     rows, vocab = probs.shape
     full = vocab // BLOCK
     sums = probs[:, : full * BLOCK].reshape(rows, full, BLOCK).sum(-1, dtype=torch.float64)
