@@ -82,8 +82,8 @@ learns: install
 
 # Does the loop work? recipes/cpu-evidence.yaml for seeds 0 and 1, one after
 # the other, every iteration evaluated with fixed judges on held-out sets:
-# bench/results/evidence/ (1.7 hours on 2 cores of a 420 GFLOP/s host, 2.4 on a
-# 190 GFLOP/s one, 2026-12-04/05; resumable).
+# bench/results/evidence/ (1.95 hours on 2 cores of a 143-188 GFLOP/s host,
+# 2026-12-06; each seed's training alone ~67 minutes on a ~130 one; resumable).
 evidence: install
 	$(BIN)/python bench/evidence.py --data $(DATA)
 

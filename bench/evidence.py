@@ -204,11 +204,19 @@ VARIANTS = {
     # (2026-12-04, s0, bench/results/evidence-anchor2/): blue stopped refusing (JBB ASR 100, over-refusal 0)
     "main-anchor2-s0": ["seed=0", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
     "main-anchor2-s1": ["seed=1", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
+    # the main runs cut after iteration 1's warm starts (eval's, then blue's, as the main run trains them; no GRPO
+    # step): blue@1 here is the main run's blue before the loop, the same draw where the run is deterministic
+    # (eval's accuracy after its warm start then matches the main run's). What does the loop itself do to blue?
+    "main-warm-s0": ["seed=0", "iterations=1", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"],
+    "main-warm-s1": ["seed=1", "iterations=1", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"],
+    # the fixed-judge ablation on the main run's other seed: the loop's two seeds against two of the baseline's
+    "fixed-judge-s1": ["seed=1", "rewards.blue_judge=rules"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
-ABLATION_ROLES = {"fixed-judge": "blue,red", "no-div": "red", "no-benign": "blue", "fixed-judge-indist": "blue,red",
+ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
+                  "fixed-judge-indist": "blue,red",
                   "fixed-twin-s0": "blue,red",
-                  **{name: "blue" for name in VARIANTS if name.startswith("warm-only")}}  # what each run is about
+                  **{name: "blue" for name in VARIANTS if name.startswith(("warm-only", "main-warm"))}}  # what each run is about
 MAX_NEW = 40
 
 
