@@ -34,7 +34,8 @@ eval     `lora-triplay eval` on every run and iteration (0 = untrained),
          rules judge: blue on every held-out set, red's attacks against the
          base and the run's final blue, eval's accuracy on the labelled set.
 report   bench/results/evidence/ (report_evidence.py): results.json with the
-         targets, results.md, evidence.png, the recipe, the manifest, times.
+         targets, results.md, evidence.png, the recipe, the manifest, times;
+         of the runs named (--runs / --ablations) that are evaluated in --work.
 """
 from __future__ import annotations
 
@@ -62,8 +63,10 @@ ABLATIONS = {  # each at main-s0's seed and budget
     # no benign stream, and so no blue warm start (it learns refusals beside benign answers; alone it teaches refusing all)
     "no-benign": ["seed=0", "data.benign_share=0", "phases.blue_warmup.steps=0"],
 }
-# iteration 1 with every phase but blue's warm start at 0 steps: blue after its warm start alone
-WARM_ONLY = ["seed=0", "iterations=1", "phases.eval_warmup.steps=0", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"]
+# iteration 1 with no GRPO phase: the run ends after its warm starts
+CUT_AFTER_WARM_STARTS = ["iterations=1", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"]
+# ... and without eval's warm start: blue after its own warm start alone
+WARM_ONLY = ["seed=0", "phases.eval_warmup.steps=0", *CUT_AFTER_WARM_STARTS]
 # the training split of the public benchmarks beside the package's requests ({work}: the --work folder)
 INDIST = ["data.benign_prompts={work}/train/benign.jsonl", "data.basic_prompts={work}/train/harmful.jsonl"]
 # The main run with one training setting changed, kept beside it in the report
@@ -204,11 +207,11 @@ VARIANTS = {
     # (2026-12-04, s0, bench/results/evidence-anchor2/): blue stopped refusing (JBB ASR 100, over-refusal 0)
     "main-anchor2-s0": ["seed=0", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
     "main-anchor2-s1": ["seed=1", "phases.blue.refusal_anchor=guide", "phases.blue.refusal_anchor_benign=true"],
-    # the main runs cut after iteration 1's warm starts (eval's, then blue's, as the main run trains them; no GRPO
-    # step): blue@1 here is the main run's blue before the loop, the same draw where the run is deterministic
-    # (eval's accuracy after its warm start then matches the main run's). What does the loop itself do to blue?
-    "main-warm-s0": ["seed=0", "iterations=1", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"],
-    "main-warm-s1": ["seed=1", "iterations=1", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"],
+    # the main recipe cut after iteration 1's warm starts (eval's, then blue's, as the main run trains them; no GRPO
+    # step): blue@1 is the recipe's blue before the loop. What does the loop itself do to blue? A draw also depends on
+    # the host: on 2026-12-07 seed 0 matched the ablations trained that day to the last digit, not main-s0 of 12-06
+    "warm-starts-s0": ["seed=0", *CUT_AFTER_WARM_STARTS],
+    "warm-starts-s1": ["seed=1", *CUT_AFTER_WARM_STARTS],
     # the fixed-judge ablation on the main run's other seed: the loop's two seeds against two of the baseline's
     "fixed-judge-s1": ["seed=1", "rewards.blue_judge=rules"],
 }
@@ -216,7 +219,7 @@ RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
                   "fixed-judge-indist": "blue,red",
                   "fixed-twin-s0": "blue,red",
-                  **{name: "blue" for name in VARIANTS if name.startswith(("warm-only", "main-warm"))}}  # what each run is about
+                  **{name: "blue" for name in VARIANTS if name.startswith("warm-")}}  # what each run is about
 MAX_NEW = 40
 
 
@@ -481,7 +484,7 @@ def main() -> None:
     if "report" in stages:
         from report_evidence import report
 
-        done = [n for n in RUNS if (work / "eval" / n / "rules.json").is_file()]
+        done = [n for n in names if (work / "eval" / n / "rules.json").is_file()]  # the runs asked for, not all in --work
         report(work, done, RECIPE, Path(args.out), RUNS)
     (work / "evidence-minutes.json").write_text(json.dumps({"stages": stages, "runs": names, "minutes": round((time.time() - t0) / 60, 1)}) + "\n")
     log(f"evidence ({', '.join(names)}): {(time.time() - t0) / 60:.1f} min")

@@ -172,7 +172,7 @@ def test_every_evidence_run_is_a_valid_recipe(monkeypatch, tmp_path):
     warm = load_recipe(RECIPE, RUNS["warm-only"])  # blue's warm start and nothing after it
     assert warm.phases.blue_warmup.steps > 0 and warm.iterations == 1
     assert (warm.phases.red.steps, warm.phases.blue.steps, warm.phases.eval.steps, warm.phases.eval_warmup.steps) == (0, 0, 0, 0)
-    main, cut = load_recipe(RECIPE, RUNS["main-s0"]), load_recipe(RECIPE, RUNS["main-warm-s0"])  # the main run up to its warm starts
+    main, cut = load_recipe(RECIPE, RUNS["main-s0"]), load_recipe(RECIPE, RUNS["warm-starts-s0"])  # the main run up to its warm starts
     assert (cut.phases.eval_warmup, cut.phases.blue_warmup, cut.seed) == (main.phases.eval_warmup, main.phases.blue_warmup, main.seed)
     assert (cut.phases.red.steps, cut.phases.blue.steps, cut.phases.eval.steps, cut.iterations) == (0, 0, 0, 1)
 
