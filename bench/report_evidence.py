@@ -281,7 +281,10 @@ def markdown(p: dict) -> str:
         if any(v is not None for v in ent):
             lines.append("| red entropy (training) | " + " | ".join("-" if v is None else f"{v:.2f}" for v in ent) + " |")
         lines.append("")
-    lines += ["## Targets (main run, each seed)", "", "| run | target | from | to | met |", "| --- | --- | ---: | ---: | --- |"]
+    if p["targets"]:  # the targets are the main run's: a report of ablations or variants alone has none
+        lines += ["## Targets (main run, each seed)", "", "| run | target | from | to | met |", "| --- | --- | ---: | ---: | --- |"]
+    else:
+        lines += ["No main run (`main-s*`) in this report, so no targets: the targets are the main run's."]
     for t in p["targets"]:
         fmt = (lambda v: "-" if v is None else f"{v:.3f}") if "OD" in t["target"] else _pct
         lines.append(f"| {t['run']} | {t['target']} | {fmt(t['from'])} | {fmt(t['to'])} | {'yes' if t['met'] else 'no'} |")

@@ -448,3 +448,18 @@ def test_red_reward_split_pays_each_rewrite_as_each_semantic_setting_would(tmp_p
     assert got["kept"]["n"] == got["dropped"]["n"] == 1 and got["kept"]["penalty"] == 0.0  # no asp.jsonl: empty pool
     assert got["kept"]["none"] == got["kept"]["gate"] == 1.0 and got["kept"]["bonus"] == 2.0
     assert got["dropped"]["none"] == got["dropped"]["bonus"] == 1.0 and got["dropped"]["gate"] == 0.0
+
+
+def test_evidence_markdown_has_a_targets_table_only_with_a_main_run(monkeypatch):
+    """A report of ablations or variants alone has no targets (they are the
+    main run's): it says so instead of rendering an empty table."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from report_evidence import markdown
+
+    res = {"eval_accuracy_after_warmup": 0.9, "iterations": {"0": {"blue_asr_jbb": 0.9}, "1": {"blue_asr_jbb": 0.1}}}
+    base = {"date": "2026-12-07", "train_minutes": {}, "gold_check_minutes": {}, "eval_minutes": {}, "host_speed": {}}
+    variant = markdown({**base, "runs": {"warm-starts-s0": ["seed=0"]}, "results": {"warm-starts-s0": res}, "targets": []})
+    assert "## Targets" not in variant and "no targets" in variant
+    target = {"run": "main-s0", "target": "blue's ASR on JBB harmful down by >= 20 points", "from": 0.9, "to": 0.1, "met": True}
+    main = markdown({**base, "runs": {"main-s0": ["seed=0"]}, "results": {"main-s0": res}, "targets": [target]})
+    assert "## Targets (main run, each seed)" in main and "| main-s0 | blue's ASR on JBB harmful down by >= 20 points | 90.0 | 10.0 | yes |" in main
