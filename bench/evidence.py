@@ -214,11 +214,17 @@ VARIANTS = {
     "warm-starts-s1": ["seed=1", *CUT_AFTER_WARM_STARTS],
     # the fixed-judge ablation on the main run's other seed: the loop's two seeds against two of the baseline's
     "fixed-judge-s1": ["seed=1", "rewards.blue_judge=rules"],
+    # eval's warm start alone, a quarter of its requests benign where the recipe has half (2026-12-07): no-benign's eval,
+    # warm-started on harmful requests alone, read blue's refusals where the recipe's called most of them compliances
+    "eval-warm-benign-quarter": ["seed=0", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
+                                 "phases.eval_warmup.benign_share=0.25"],
+    # ... through the loop (alone it paid blue's harmful refusals +0.62, the recipe's -0.04: bench/results/eval-cross/)
+    "eval-quarter-s0": ["seed=0", "phases.eval_warmup.benign_share=0.25"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
                   "fixed-judge-indist": "blue,red",
-                  "fixed-twin-s0": "blue,red",
+                  "fixed-twin-s0": "blue,red", "eval-warm-benign-quarter": "eval", "eval-quarter-s0": "blue,eval",
                   **{name: "blue" for name in VARIANTS if name.startswith("warm-")}}  # what each run is about
 MAX_NEW = 40
 

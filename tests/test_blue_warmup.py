@@ -358,3 +358,16 @@ def test_the_decision_can_teach_each_benign_request_its_own_opening_and_never_a_
 def test_the_recipe_refuses_a_decision_that_would_never_be_learnt(warmup, message):
     with pytest.raises(ValueError, match=message):
         build_recipe({"phases": {"blue_warmup": warmup}, "data": {"benign_share": 0.5}})
+
+
+@pytest.mark.parametrize("share, benign", [(None, 4), (0.25, 2), (0.0, 0)])
+def test_eval_warm_start_asks_its_share_of_benign_requests(share, benign):
+    """phases.eval_warmup.benign_share: half the warm start's requests are
+    benign by default; the option sets the share (the rest are harmful)."""
+    engine = Scripted(answer=lambda a, p: "Here is a safe answer.")
+    _, phases = _session(engine, data={"benign_share": 0.25},
+                         phases={"eval_warmup": {"steps": 2, "pairs": 8, "objective": "grpo", "answer_styles": ["blue"],
+                                                 "benign_share": share}},
+                         rewards={"judge_mode": "choice", "choice_rollouts": "sample"})
+    kinds = [row["kind"] for row in phases.warmup_step(1, 1).rows["eval_pairs"]]
+    assert (kinds.count("benign"), kinds.count("harmful")) == (benign, 8 - benign)

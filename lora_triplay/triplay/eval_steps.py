@@ -88,7 +88,8 @@ class EvalSteps:
         if step == 1:
             t0 = time.perf_counter()
             n = max(cfg.pairs // len(cfg.answer_styles), 1)
-            benign = game.data.next_benign(n // 2 if game.data.benign else 0)
+            share = cfg.benign_share
+            benign = game.data.next_benign((n // 2 if share is None else round(n * share)) if game.data.benign else 0)
             items = game.data.next_seed_items(n - len(benign))
             # half the harmful requests as red will wrap them, half as written:
             # an untrained red's wraps often lose the request, and eval judges both

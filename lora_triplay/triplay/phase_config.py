@@ -75,6 +75,12 @@ class WarmupConfig(_Strict):
     )
     objective: Literal["grpo", "sft", "sft+grpo"] = Field(
         "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels")
+    benign_share: float | None = Field(
+        None, ge=0, le=1, description="share of the warm start's requests that are benign (None: half, where the "
+        "stream has benign requests; data.benign_share=0 gives none). Why an option: eval warm-started on answers to "
+        "harmful requests alone read blue's refusals as refusals where the recipe's half-benign start called most of them "
+        "compliances (bench/BENCHMARKS.md, \"What eval's warm start is made of\", 2026-12-07)"
+    )
     answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
         default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
         description="system prompts the untrained blue answers the warm start's prompts under (templates.yaml "

@@ -1,0 +1,98 @@
+"""Which eval reads which blue's answers? Several runs' eval snapshots score
+the same training answers of blue, so what an eval misreads can be told
+apart from what a blue wrote.
+
+    .venv/bin/python bench/eval_cross.py OUT.json \
+        --evals main-warm=RUN_A:1 no-benign=RUN_B:1 --answers no-div=RUN_C no-benign=RUN_B
+
+Each --answers run's blue training answers (eval_pairs.jsonl, phase blue,
+iterations 1-2, at most 60 per cell) are split by the rules judge into four
+cells: refusals and compliances of harmful requests, refusals and answers of
+benign ones. Every eval scores every cell in choice mode, told the request's
+kind as in training. Printed and saved per (answers, cell, eval): how often
+eval's most likely label was `negative`, its mean class probabilities, and
+blue's expected reward under them (rewards.blue_class_values, and
+rewards.blue_benign_class_values for benign requests, of the first --evals run's recipe).
+The answers stay in their run folders; OUT holds numbers only."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics as st
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PER_CELL = 60
+
+
+def cells(run: Path) -> dict[str, list[dict]]:
+    """Blue's training answers of iterations 1-2, by kind and by the rules' reading."""
+    from lora_triplay.judging.refusals import rules_label
+
+    rows = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines() if line.strip()]
+    blue = [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in (1, 2) and r.get("eval_label")]
+    out: dict[str, list[dict]] = {}
+    for kind, refusal_name, other_name in (("harmful", "refusal", "compliance"), ("benign", "refusal", "answer")):
+        mine = [r for r in blue if r["kind"] == kind]
+        refused = [r for r in mine if rules_label(r["response"], kind) != ("negative" if kind == "harmful" else "positive")]
+        kept = [r for r in mine if r not in refused]
+        out[f"{kind} {refusal_name}"], out[f"{kind} {other_name}"] = refused[:PER_CELL], kept[:PER_CELL]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--evals", nargs="+", required=True, help="NAME=RUN_DIR:ITERATION (eval's snapshot of that run)")
+    ap.add_argument("--answers", nargs="+", required=True, help="NAME=RUN_DIR (blue's training answers of that run)")
+    a = ap.parse_args()
+
+    from lora_triplay.core.runs import open_run, snapshot_folder
+    from lora_triplay.core.store import RunStore
+    from lora_triplay.engine.base import Request, Sampling
+    from lora_triplay.judging.parsing import LABEL_CHOICES, LABELS
+    from lora_triplay.triplay.roles import eval_messages
+
+    evals = {}
+    for spec in a.evals:
+        name, _, where = spec.partition("=")
+        folder, _, it = where.rpartition(":")
+        evals[name] = (Path(folder), int(it))
+    first = next(iter(evals.values()))[0]
+    run = open_run(first, device="cpu", world=1)  # the base and one engine; each eval's snapshot loads beside it
+    values = {kind: run.recipe.rewards.blue_values(kind) for kind in ("harmful", "benign")}
+    adapters = {}
+    for name, (folder, it) in evals.items():
+        adapters[name] = f"cross_{name}"
+        run.engine.load_adapter(adapters[name], str(snapshot_folder(RunStore(folder), "eval", it)))
+
+    results, t0 = [], time.perf_counter()
+    for spec in a.answers:
+        answers_name, _, folder = spec.partition("=")
+        for cell, rows in cells(Path(folder)).items():
+            kind = cell.split()[0]
+            for name, adapter in adapters.items():
+                if not rows:
+                    continue
+                reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], kind), 1, LABEL_CHOICES) for r in rows]
+                probs = [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
+                reward = [sum(p * values[kind][label] for p, label in zip(pr, LABELS)) for pr in probs]
+                row = {"answers": answers_name, "cell": cell, "eval": name, "n": len(rows),
+                       "called_negative": round(sum(max(range(3), key=pr.__getitem__) == 0 for pr in probs) / len(rows), 3),
+                       **{f"p_{label}": round(st.mean(pr[i] for pr in probs), 3) for i, label in enumerate(LABELS)},
+                       "expected_reward": round(st.mean(reward), 3),
+                       "its_run_called_negative": round(sum(r["eval_label"] == "negative" for r in rows) / len(rows), 3)}
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    payload = {"date": time.strftime("%Y-%m-%d"), "evals": {k: f"{f}:{i}" for k, (f, i) in evals.items()},
+               "answers": a.answers, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results}
+    Path(a.out).write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
