@@ -38,8 +38,9 @@ def cells(run: Path) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for kind, refusal_name, other_name in (("harmful", "refusal", "compliance"), ("benign", "refusal", "answer")):
         mine = [r for r in blue if r["kind"] == kind]
-        refused = [r for r in mine if rules_label(r["response"], kind) != ("negative" if kind == "harmful" else "positive")]
-        kept = [r for r in mine if r not in refused]
+        answered = "negative" if kind == "harmful" else "positive"  # the rules' label for an answer that is not a refusal
+        refused = [r for r in mine if rules_label(r["response"], kind) != answered]
+        kept = [r for r in mine if rules_label(r["response"], kind) == answered]
         out[f"{kind} {refusal_name}"], out[f"{kind} {other_name}"] = refused[:PER_CELL], kept[:PER_CELL]
     return out
 
@@ -55,6 +56,8 @@ def main() -> None:
     from lora_triplay.core.store import RunStore
     from lora_triplay.engine.base import Request, Sampling
     from lora_triplay.judging.parsing import LABEL_CHOICES, LABELS
+    from lora_triplay.triplay.eval_steps import judged
+    from lora_triplay.triplay.rewards.values import class_value
     from lora_triplay.triplay.roles import eval_messages
 
     evals = {}
@@ -80,9 +83,9 @@ def main() -> None:
                     continue
                 reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], kind), 1, LABEL_CHOICES) for r in rows]
                 probs = [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
-                reward = [sum(p * values[kind][label] for p, label in zip(pr, LABELS)) for pr in probs]
+                reward = [class_value(dict(zip(LABELS, pr)), values[kind]) for pr in probs]  # blue's soft-label reward
                 row = {"answers": answers_name, "cell": cell, "eval": name, "n": len(rows),
-                       "called_negative": round(sum(max(range(3), key=pr.__getitem__) == 0 for pr in probs) / len(rows), 3),
+                       "called_negative": round(sum(judged(pr) == "negative" for pr in probs) / len(rows), 3),
                        **{f"p_{label}": round(st.mean(pr[i] for pr in probs), 3) for i, label in enumerate(LABELS)},
                        "expected_reward": round(st.mean(reward), 3),
                        "its_run_called_negative": round(sum(r["eval_label"] == "negative" for r in rows) / len(rows), 3)}
