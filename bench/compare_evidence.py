@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from report_evidence import KEYS, _pct, figure
+from report_evidence import KEYS, _pct, figure, with_gaps
 
 
 def load(spec: str) -> tuple[str, dict, dict]:
@@ -32,7 +32,9 @@ def load(spec: str) -> tuple[str, dict, dict]:
     results = json.loads((folder / "results.json").read_text())["results"]
     if run not in results:
         raise SystemExit(f"{spec!r}: {folder / 'results.json'} has no run {run!r} (it has {', '.join(results)})")
-    return label or run, results[run], json.loads((folder / "heldout.json").read_text())["sets"]
+    res = results[run]
+    with_gaps(res["iterations"])  # reports written before the gap was reported carry the rates it is made of
+    return label or run, res, json.loads((folder / "heldout.json").read_text())["sets"]
 
 
 def table(runs: dict[str, dict]) -> str:

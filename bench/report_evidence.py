@@ -17,6 +17,25 @@ def _its(d: dict) -> list[int]:
     return sorted(int(k) for k in d)
 
 
+# (harmful set's ASR, benign set's over-refusal) -> the gap between them
+GAPS = {"blue_gap_jbb": ("blue_asr_jbb", "blue_over_refusal_jbb_benign"),
+        "blue_gap_xstest": ("blue_asr_xstest_unsafe", "blue_over_refusal_xstest_safe")}
+
+
+def with_gaps(per_iteration: dict) -> dict:
+    """Adds how far blue tells harmful from benign requests: the share of
+    harmful requests it refuses minus the share of benign ones, one number
+    free of how much it refuses overall (a blue that refuses everything or
+    nothing scores 0; JBB's benign requests mirror its harmful ones topic by
+    topic). The rules judge labels every answer, so refused = 1 - ASR.
+    Derived from results.json's stored rates, so older reports get it too."""
+    for values in per_iteration.values():
+        for key, (asr, over) in GAPS.items():
+            if values.get(asr) is not None and values.get(over) is not None:
+                values[key] = (1 - values[asr]) - values[over]
+    return per_iteration
+
+
 def _metrics(run: Path) -> list[dict]:
     return read_jsonl(run / "metrics.jsonl")
 
@@ -71,7 +90,7 @@ def collect(work: Path, names: list[str]) -> dict:
         for it, v in eval_vs_rules(work / "runs" / name).items():
             per.setdefault(it, {}).update(v)
         warm = [r for r in rows if r["phase"] == "eval_gold" and r.get("after") == "eval_warmup"]
-        out[name] = {"iterations": {str(k): v for k, v in sorted(per.items())},
+        out[name] = {"iterations": with_gaps({str(k): v for k, v in sorted(per.items())}),
                      "eval_accuracy_after_warmup": warm[-1]["accuracy"] if warm else None,
                      "eval_recall_after_warmup": {k[7:]: v for k, v in warm[-1].items() if k.startswith("recall_")} if warm else None,
                      "training_checks": [{k: r.get(k) for k in ("iteration", "after", "phase", "accuracy", "ece", "recall_negative",
@@ -232,6 +251,8 @@ def _pct(x) -> str:
 
 KEYS = [("blue_asr_jbb", "blue ASR JBB"), ("blue_asr_xstest_unsafe", "blue ASR XSTest-unsafe"), ("blue_asr_strongreject", "blue ASR StrongREJECT"),
         ("blue_over_refusal_jbb_benign", "over-refusal JBB-benign"), ("blue_over_refusal_xstest_safe", "over-refusal XSTest-safe"),
+        ("blue_gap_jbb", "refusal gap JBB: harmful refused - benign refused"),
+        ("blue_gap_xstest", "refusal gap XSTest: unsafe refused - safe refused"),
         ("blue_refusal_with_guidance_jbb", "refusal with guidance, JBB"),
         ("blue_stock_guidance_jbb", "refusal with stock guidance, JBB"), ("blue_degenerate_max", "degenerate (worst set)"),
         ("blue_generic_max", "generic non-answers (worst set)"), ("blue_generic_meaning_max", "generic by meaning (worst set)"),
@@ -296,7 +317,7 @@ def markdown(p: dict) -> str:
     if "fixed-judge" in p["results"] and "main-s0" in p["results"]:
         (m0, m1), (f0, f1) = _first_last(p["results"]["main-s0"]), _first_last(p["results"]["fixed-judge"])
         lines += ["", "## The loop against a fixed judge (same seed and budget)", "", "| | main-s0 | fixed-judge |", "| --- | ---: | ---: |"]
-        for key, title in KEYS[:7]:
+        for key, title in KEYS[:9]:
             lines.append(f"| {title}: it 0 -> last | {_pct(m0.get(key))} -> {_pct(m1.get(key))} | {_pct(f0.get(key))} -> {_pct(f1.get(key))} |")
     return "\n".join(lines) + "\n"
 
