@@ -170,9 +170,15 @@ VARIANTS = {
     # ... through the loop (alone it paid blue's harmful refusals +0.62, the recipe's -0.04: bench/results/eval-cross/)
     "eval-quarter-s0": ["seed=0", "phases.eval_warmup.benign_share=0.25"],
     "eval-quarter-s1": ["seed=1", "phases.eval_warmup.benign_share=0.25"],
+    # ... whose warm start on seed 1 read the labelled set at 60.0 (benign help called a refusal): between the two
+    "eval-warm-benign-three-eighths-s0": ["seed=0", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
+                                          "phases.eval_warmup.benign_share=0.375"],
+    "eval-warm-benign-three-eighths-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
+                                          "phases.eval_warmup.benign_share=0.375"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
                   "fixed-judge-indist": "blue,red",
-                  "fixed-twin-s0": "blue,red", "eval-warm-benign-quarter": "eval", "eval-quarter-s0": "blue,eval", "eval-quarter-s1": "blue,eval",
-                  **{name: "blue" for name in VARIANTS if name.startswith("warm-")}}  # what each run is about
+                  "fixed-twin-s0": "blue,red", "eval-quarter-s0": "blue,eval", "eval-quarter-s1": "blue,eval",
+                  **{name: "blue" for name in VARIANTS if name.startswith("warm-")},
+                  **{name: "eval" for name in VARIANTS if name.startswith("eval-warm-")}}  # what each run is about
