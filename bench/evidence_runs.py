@@ -167,10 +167,14 @@ VARIANTS = {
     # warm-started on harmful requests alone, read blue's refusals where the recipe's called most of them compliances
     "eval-warm-benign-quarter": ["seed=0", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
                                  "phases.eval_warmup.benign_share=0.25"],
-    # ... through the loop (alone it paid blue's harmful refusals +0.62, the recipe's -0.04: bench/results/eval-cross/)
+    # ... through the loop (alone it paid blue's harmful refusals +0.62, the recipe's -0.04: bench/results/eval-cross/).
+    # Measured 2026-12-07 (bench/results/evidence-eval-quarter/): seed 0 eval misread 0-2% of blue's refusals (main-s0
+    # 97-100%), blue JBB ASR 27.5 / 10.0 / 15.0 at over-refusal 62.5 / 10.0 at the end; seed 1's warm start read the
+    # labelled set at 60.0 (benign help called a refusal), stopped in iteration 1: not adopted
     "eval-quarter-s0": ["seed=0", "phases.eval_warmup.benign_share=0.25"],
     "eval-quarter-s1": ["seed=1", "phases.eval_warmup.benign_share=0.25"],
-    # ... whose warm start on seed 1 read the labelled set at 60.0 (benign help called a refusal): between the two
+    # ... between the two. Measured 2026-12-07 (bench/results/eval-cross/eval-cross-draws.json): blue's harmful refusals
+    # paid +0.36 (seed 0) and -0.20 (seed 1), where the recipe's half pays -0.04 / +0.69: the draw decides, not the share
     "eval-warm-benign-three-eighths-s0": ["seed=0", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
                                           "phases.eval_warmup.benign_share=0.375"],
     "eval-warm-benign-three-eighths-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
