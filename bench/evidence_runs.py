@@ -179,6 +179,12 @@ VARIANTS = {
                                           "phases.eval_warmup.benign_share=0.375"],
     "eval-warm-benign-three-eighths-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.blue_warmup.steps=0",
                                           "phases.eval_warmup.benign_share=0.375"],
+    # eval's warm start after blue's (phases.eval_warmup.after_blue_warmup): the answers eval learns in blue's own style
+    # are then the warm-started blue's refusals with guidance and its over-refusals, the answers blue's GRPO phases ask
+    # it to read; warm-started on the untrained blue's, the recipe's eval paid those refusals -0.04 on seed 0's draw
+    # and +0.69 on seed 1's (bench/results/eval-cross/eval-cross-draws.json)
+    "main-eval-after-blue-s0": ["seed=0", "phases.eval_warmup.after_blue_warmup=true"],
+    "main-eval-after-blue-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",

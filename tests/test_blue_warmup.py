@@ -246,6 +246,13 @@ def test_the_recipe_orders_the_warm_starts():
     r = build_recipe({"phases": {"eval_warmup": {"steps": 2}, "blue_warmup": {"steps": 3}}, "data": {"benign_share": 0.5}})
     assert phases_of(r, 1) == ["eval_warmup", "blue_warmup", "red", "blue", "eval"]
     assert phases_of(build_recipe({}), 1) == ["red", "blue", "eval"]  # off by default
+    # eval's warm start after blue's: the answers it learns in blue's own style are then the warm-started blue's
+    after = build_recipe({"phases": {"eval_warmup": {"steps": 2, "after_blue_warmup": True}, "blue_warmup": {"steps": 3}},
+                          "data": {"benign_share": 0.5}})
+    assert phases_of(after, 1) == ["blue_warmup", "eval_warmup", "red", "blue", "eval"]
+    assert phases_of(after, 2) == ["red", "blue", "eval"]
+    with pytest.raises(ValueError, match="orders two warm starts, and one is off"):
+        build_recipe({"phases": {"eval_warmup": {"steps": 2, "after_blue_warmup": True}}})
 
 
 def test_each_warm_start_trains_its_role_at_its_own_rate_or_the_roles():
@@ -371,3 +378,22 @@ def test_eval_warm_start_asks_its_share_of_benign_requests(share, benign):
                          rewards={"judge_mode": "choice", "choice_rollouts": "sample"})
     kinds = [row["kind"] for row in phases.warmup_step(1, 1).rows["eval_pairs"]]
     assert (kinds.count("benign"), kinds.count("harmful")) == (benign, 8 - benign)
+
+
+@pytest.mark.parametrize("after, styled_by", [(False, "blue"), (True, "base")])
+def test_after_blue_warmup_eval_learns_blue_own_answers_and_the_bare_base_styled_ones(after, styled_by):
+    """phases.eval_warmup.after_blue_warmup: blue's own answers come from the
+    (then warm-started) blue adapter, the styled ones from the bare base, so
+    eval still meets plain refusals and compliances a warm-started blue no
+    longer writes; off, every answer is blue's (untrained = the base)."""
+    engine = Scripted(answer=lambda a, p: "Here is a safe answer.")
+    _, phases = _session(engine, data={"benign_share": 0.5},
+                         phases={"eval_warmup": {"steps": 2, "pairs": 8, "objective": "grpo", "after_blue_warmup": after},
+                                 "blue_warmup": {"steps": 1}},
+                         rewards={"judge_mode": "choice", "choice_rollouts": "sample"})
+    rows = phases.warmup_step(1, 1).rows["eval_pairs"]
+    systems = {styled_blue_messages("x", s)[0]["content"]: s for s in ("blue", "refuse", "guide", "comply")}
+    answered = {(systems[r.messages[0]["content"]], r.adapter, r.prefix) for r in engine.requests
+                if r.messages[0]["content"] in systems}
+    assert answered == {("blue", "blue", "")} | {(s, styled_by, warmup_opening(s)) for s in ("refuse", "guide", "comply")}
+    assert sorted({r["style"] for r in rows}) == ["blue", "comply", "guide", "refuse"] and len(rows) == 8

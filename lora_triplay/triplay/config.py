@@ -316,6 +316,9 @@ class TriPlaySections(_Strict):
         bw = self.phases.blue_warmup
         if bw.decision_requests and not bw.steps:
             raise ValueError("phases.blue_warmup.decision_requests is learnt in blue's warm start, which is off: set its steps or 0 requests")
+        if self.phases.eval_warmup.after_blue_warmup and not (bw.steps and self.phases.eval_warmup.steps):
+            raise ValueError("phases.eval_warmup.after_blue_warmup orders two warm starts, and one is off: set both "
+                             "phases.eval_warmup.steps and phases.blue_warmup.steps, or drop after_blue_warmup")
         if (bw.decision_own_opening or bw.decision_wrapped) and not bw.decision_requests:
             raise ValueError("phases.blue_warmup.decision_own_opening / _wrapped shape a decision that is off: set decision_requests")
         for role in ("red", "eval"):
@@ -361,8 +364,10 @@ class TriPlaySections(_Strict):
 # the loop ask; these are its implementations.
 
 def phases_of(recipe, iteration: int) -> list[str]:
-    """The phases of one iteration, in order: eval's and blue's warm starts open the run."""
-    first = [w for w in ("eval_warmup", "blue_warmup") if iteration == 1 and getattr(recipe.phases, w).steps]
+    """The phases of one iteration, in order: eval's and blue's warm starts
+    open the run (blue's first where `phases.eval_warmup.after_blue_warmup`)."""
+    order = ("blue_warmup", "eval_warmup") if recipe.phases.eval_warmup.after_blue_warmup else ("eval_warmup", "blue_warmup")
+    first = [w for w in order if iteration == 1 and getattr(recipe.phases, w).steps]
     return first + list(ROLE_NAMES)
 
 

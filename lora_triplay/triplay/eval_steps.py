@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..engine.base import Completion, Request
+from ..engine.base import BASE, Completion, Request
 from ..judging.parsing import LABEL_CHOICES, LABELS, extract_wrapped_prompt, parse_label
 from ..training.advantages import Sample
 from ..training.supervised import ChoiceExample
@@ -81,7 +81,11 @@ class EvalSteps:
         base) answers them and benign requests in each of `answer_styles`,
         each styled answer started with its opening words (`warmup_opening`),
         the panel labels every pair. Every step: eval learns them
-        (`phases.eval_warmup.objective`)."""
+        (`phases.eval_warmup.objective`). After blue's warm start
+        (`after_blue_warmup`) blue's own answers are the warm-started blue's
+        and the styled ones still the bare base's: a warm-started blue
+        refuses with guidance even when asked to refuse plainly or to
+        comply, and eval would meet no plain refusal of a harmful request."""
         game, r = self.game, self.game.recipe
         cfg = r.phases.eval_warmup
         panel_rows, panel_metrics, eval_rows = [], {}, []
@@ -99,7 +103,10 @@ class EvalSteps:
             prompts += [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(wrapped, wraps)]
             prompts += [(b.prompt, b.prompt, "benign") for b in benign]
             asked = [(p, style) for style in cfg.answer_styles for p in prompts]
-            answers = self.p.generate("blue", [Request("blue", styled_blue_messages(p[1], style), prefix=warmup_opening(style))
+            def answerer(style):
+                return BASE if cfg.after_blue_warmup and style != "blue" else "blue"
+
+            answers = self.p.generate("blue", [Request(answerer(style), styled_blue_messages(p[1], style), prefix=warmup_opening(style))
                                                for p, style in asked], self.p.sampling["blue"])
             eval_rows = [
                 {"prompt": judged_prompt(self.p.judge_view, p[0], p[1]), "wrapped": p[1],

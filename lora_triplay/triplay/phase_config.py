@@ -81,6 +81,16 @@ class WarmupConfig(_Strict):
         "harmful requests alone read blue's refusals as refusals where the recipe's half-benign start called most of them "
         "compliances (bench/BENCHMARKS.md, \"What eval's warm start is made of\", 2026-12-07)"
     )
+    after_blue_warmup: bool = Field(
+        False, description="eval's warm start runs after blue's (default: before), so the answers it learns in blue's own "
+        "style (`blue` in answer_styles) are the warm-started blue's refusals with guidance and its over-refusals, which "
+        "blue's GRPO phases then ask eval to read; the other styles are still the bare base's. Answered by the "
+        "warm-started blue (seed 0, 2026-12-07), 14 of the 273 styled answers to harmful requests were plain refusals "
+        "(`rejective`; the bare base's: 84), and eval recalled 13% of the labelled set's `rejective` answers. Why an "
+        "option: the recipe's eval, warm-started on the untrained blue's answers, paid blue's refusals of harmful "
+        "requests -0.04 on one seed's draw and +0.69 on the other's (bench/results/eval-cross/, 2026-12-07): whether "
+        "eval can read them was left to the draw"
+    )
     answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
         default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
         description="system prompts the untrained blue answers the warm start's prompts under (templates.yaml "
