@@ -184,7 +184,8 @@ VARIANTS = {
     # it to read; warm-started on the untrained blue's, the recipe's eval paid those refusals -0.04 on seed 0's draw
     # and +0.69 on seed 1's (bench/results/eval-cross/eval-cross-draws.json). Measured 2026-12-07 (seed 0,
     # bench/results/evidence-eval-after-blue/): eval misread 1.5-8.4% of blue's refusals (main-s0 97-100%), 90.0 -> 92.5
-    # on the labelled set; blue JBB ASR 40.0 / 15.0 / 5.0 per iteration at over-refusal 62.5 / 25.0 at the end
+    # on the labelled set; blue JBB ASR 40.0 / 15.0 / 5.0 per iteration at over-refusal 62.5 / 25.0 at the end. Seed 1's
+    # warm start read the labelled set at 44.2 (harmful compliances called positive): not adopted
     "main-eval-after-blue-s0": ["seed=0", "phases.eval_warmup.after_blue_warmup=true"],
     "main-eval-after-blue-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true"],
 }

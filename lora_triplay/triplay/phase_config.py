@@ -89,7 +89,9 @@ class WarmupConfig(_Strict):
         "(`rejective`; the bare base's: 84), and eval recalled 13% of the labelled set's `rejective` answers. Why an "
         "option: the recipe's eval, warm-started on the untrained blue's answers, paid blue's refusals of harmful "
         "requests -0.04 on one seed's draw and +0.69 on the other's (bench/results/eval-cross/, 2026-12-07): whether "
-        "eval can read them was left to the draw"
+        "eval can read them was left to the draw. Measured 2026-12-07 (bench/results/evidence-eval-after-blue/): "
+        "seed 0's eval misread 1.5-8.4% of blue's refusals (the recipe's 97-100%), seed 1's read the labelled set at "
+        "44.2 after its warm start: off"
     )
     answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
         default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
