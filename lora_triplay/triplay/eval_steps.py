@@ -103,11 +103,9 @@ class EvalSteps:
             prompts += [(b.prompt, extract_wrapped_prompt(w[0].text) or b.prompt, "harmful") for (b, _), w in zip(wrapped, wraps)]
             prompts += [(b.prompt, b.prompt, "benign") for b in benign]
             asked = [(p, style) for style in cfg.answer_styles for p in prompts]
-            def answerer(style):
-                return BASE if cfg.after_blue_warmup and style != "blue" else "blue"
-
-            answers = self.p.generate("blue", [Request(answerer(style), styled_blue_messages(p[1], style), prefix=warmup_opening(style))
-                                               for p, style in asked], self.p.sampling["blue"])
+            styled_by = BASE if cfg.after_blue_warmup else "blue"  # who answers when asked to refuse / guide / comply
+            answers = self.p.generate("blue", [Request("blue" if style == "blue" else styled_by, styled_blue_messages(p[1], style),
+                                                       prefix=warmup_opening(style)) for p, style in asked], self.p.sampling["blue"])
             eval_rows = [
                 {"prompt": judged_prompt(self.p.judge_view, p[0], p[1]), "wrapped": p[1],
                  "response": warmup_opening(style) + a[0].text, "defender": "blue", "basic": p[0], "kind": p[2],
