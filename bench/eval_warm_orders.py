@@ -20,6 +20,10 @@ gets without reading the answer.
 Why: one run's warm-start accuracy moved by 0.08 (negative recall by 0.8)
 with the batch order alone (stop 37); a setting can only be judged on its
 spread over orders.
+`--after-blue` runs blue's warm start first, as
+`phases.eval_warmup.after_blue_warmup` does, so the pool holds the
+warm-started blue's answers (`pool_labels` in the JSON: the same seed's run
+made the same 728 pairs, stop 69).
 """
 from __future__ import annotations
 
@@ -90,8 +94,12 @@ def main() -> None:
     ap.add_argument("--work", default="adapters/eval-warm-orders")
     ap.add_argument("--out", default=None, help="JSON path (default: WORK/seed-S.json)")
     ap.add_argument("--set", action="append", default=[], help="a recipe override (key=value)")
+    ap.add_argument("--after-blue", action="store_true", help="blue's warm start first, as phases.eval_warmup.after_blue_warmup "
+                    "runs it: eval's pool then holds the warm-started blue's own answers")
     args = ap.parse_args()
-    steps_off = [f"phases.{p}.steps=0" for p in ("red", "blue", "eval", "blue_warmup")]
+    if args.after_blue:
+        args.set.append("phases.eval_warmup.after_blue_warmup=true")
+    steps_off = [f"phases.{p}.steps=0" for p in ("red", "blue", "eval") + (() if args.after_blue else ("blue_warmup",))]
     recipe = load_recipe(ROOT / "recipes" / "cpu-evidence.yaml",
                          [f"seed={args.seed}", "iterations=1", "phases.eval_warmup.steps=1", *steps_off, *args.set,
                           "phases.eval_warmup.average_last=0"])  # the variants below are computed here, not by the session
@@ -114,7 +122,10 @@ def main() -> None:
     held_gold = [r["panel_label"] for r in held]
     tails = sorted({max(steps // 3, 1), max(steps // 2, 1)})
     decays = [float(x) for x in args.ema.split(",") if x]
-    result = {"seed": args.seed, "steps": steps, "lr": cfg.lr, "lr_end": getattr(cfg, "lr_end", None),
+    pool = game.data.labelled
+    result = {"seed": args.seed, "after_blue": args.after_blue, "steps": steps,
+              "pool_labels": {c: sum(r.get("panel_label") == c for r in pool) for c in LABELS},
+              "lr": cfg.lr, "lr_end": getattr(cfg, "lr_end", None),
               "eval_sees_kind": full.rewards.eval_sees_kind,
               "pairs": game.data.labelled_count(), "gold_n": len(gold), "heldout_n": len(held), "orders": {},
               # the yardstick for a judge told the kind: a compliance's label follows from it alone

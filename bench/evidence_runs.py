@@ -185,7 +185,8 @@ VARIANTS = {
     # and +0.69 on seed 1's (bench/results/eval-cross/eval-cross-draws.json). Measured 2026-12-07 (seed 0,
     # bench/results/evidence-eval-after-blue/): eval misread 1.5-8.4% of blue's refusals (main-s0 97-100%), 90.0 -> 92.5
     # on the labelled set; blue JBB ASR 40.0 / 15.0 / 5.0 per iteration at over-refusal 62.5 / 25.0 at the end. Seed 1's
-    # warm start read the labelled set at 44.2 (harmful compliances called positive): not adopted
+    # warm start read the labelled set at 44.2 (harmful compliances called positive): not adopted. That 44.2 was the
+    # batch order's: three other orders of the same pairs read 71.7-81.7 (bench/eval_warm_orders.py --after-blue)
     "main-eval-after-blue-s0": ["seed=0", "phases.eval_warmup.after_blue_warmup=true"],
     "main-eval-after-blue-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true"],
 }

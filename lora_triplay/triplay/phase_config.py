@@ -91,7 +91,8 @@ class WarmupConfig(_Strict):
         "requests -0.04 on one seed's draw and +0.69 on the other's (bench/results/eval-cross/, 2026-12-07): whether "
         "eval can read them was left to the draw. Measured 2026-12-07 (bench/results/evidence-eval-after-blue/): "
         "seed 0's eval misread 1.5-8.4% of blue's refusals (the recipe's 97-100%), seed 1's read the labelled set at "
-        "44.2 after its warm start: off"
+        "44.2 after its warm start: off. That was seed 1's batch order: three others of the same pairs read 71.7-81.7, "
+        "and seed 0's 69.2-95.0 (after-blue-orders-seed-*.json there)"
     )
     answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
         default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
