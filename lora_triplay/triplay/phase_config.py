@@ -92,7 +92,7 @@ class WarmupConfig(_Strict):
         "eval can read them was left to the draw. Measured 2026-12-07 (bench/results/evidence-eval-after-blue/): "
         "seed 0's eval misread 1.5-8.4% of blue's refusals (the recipe's 97-100%), seed 1's read the labelled set at "
         "44.2 after its warm start: off. That was seed 1's batch order: three others of the same pairs read 71.7-81.7, "
-        "and seed 0's 69.2-95.0 (after-blue-orders-seed-*.json there)"
+        "and five others on seed 0 23.3-95.0 (after-blue-orders-seed-*.json there)"
     )
     answer_styles: list[Literal["blue", "refuse", "guide", "comply"]] = Field(
         default_factory=lambda: ["blue", "refuse", "guide", "comply"], min_length=1,
