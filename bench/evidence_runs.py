@@ -189,6 +189,11 @@ VARIANTS = {
     # batch order's: three other orders of the same pairs read 71.7-81.7 (bench/eval_warm_orders.py --after-blue)
     "main-eval-after-blue-s0": ["seed=0", "phases.eval_warmup.after_blue_warmup=true"],
     "main-eval-after-blue-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true"],
+    # ... drawn up to three times, the draw kept whose held-out slice recalls the harmful compliances best, stopping at
+    # the first that recalls >= 0.9375 of them (phases.eval_warmup.draws, draw_enough: all 8 in seed 1's slice, 15 of
+    # 16 in seed 0's). On seed 1 draw 1 is the run's 44.2 above. Cut after the warm starts: does seed 1 get an eval?
+    "eval-warm-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.eval_warmup.after_blue_warmup=true",
+                                      "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",

@@ -433,10 +433,21 @@ class Session:
         phase's last step put the mean in place. Returns the steps averaged
         (0 on every other step)."""
         tail = self.game.average_last(phase)
+        step, total = self.game.segment(phase, step, total)
         if not tail or step <= total - tail:
             return 0
         add_to_tail(learner.optimizer, learner.params)
         return take_tail_average(learner.optimizer, learner.params) if step >= total else 0
+
+    def reset_role(self, role: str, weights: dict[str, torch.Tensor]) -> None:
+        """Put `weights` into the role's adapter and empty its optimizer (the
+        AdamW moments and any running tail mean), as a game that trains a
+        role again from the same start needs (TriPlay's warm-start draws)."""
+        with torch.no_grad():
+            for name, p in adapter_parameters(self.model, self.game.roles[role]).items():
+                p.copy_(weights[name])
+        self.learners[role].optimizer.state.clear()
+        self.engine.sync_adapter(self.game.roles[role])
 
     def _after_phase(self, it: int, phase: str) -> None:
         """The game's rows at a phase's end (TriPlay: control decisions, the

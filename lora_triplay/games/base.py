@@ -101,6 +101,14 @@ class Game:
         role's."""
         return self.lr_of(self.role_of(phase))
 
+    def segment(self, phase: str, step: int, steps: int) -> tuple[int, int]:
+        """Where update `step` of `steps` falls in the stretch of updates that
+        trains one set of weights: (its step there, that stretch's steps).
+        Default the whole phase; a phase that trains its role several times
+        from the same start (TriPlay's warm-start draws) gives each its own,
+        so tail averaging ends each draw."""
+        return step, steps
+
     def average_last(self, phase: str) -> int:
         """How many of `phase`'s last steps its role's weights are averaged
         over at the phase's end (training/averaging.py); 0: the last step's

@@ -319,6 +319,14 @@ class TriPlaySections(_Strict):
         if self.phases.eval_warmup.after_blue_warmup and not (bw.steps and self.phases.eval_warmup.steps):
             raise ValueError("phases.eval_warmup.after_blue_warmup orders two warm starts, and one is off: set both "
                              "phases.eval_warmup.steps and phases.blue_warmup.steps, or drop after_blue_warmup")
+        ew = self.phases.eval_warmup
+        if ew.draws > 1 and not (ew.steps and self.experts.heldout_share):
+            raise ValueError(f"phases.eval_warmup.draws = {ew.draws} keeps the draw its held-out slice ranks first; with "
+                             f"eval_warmup.steps = {ew.steps} and experts.heldout_share = {self.experts.heldout_share} there is "
+                             "nothing to draw or no slice to rank by: set both > 0, or draws: 1")
+        if ew.draw_enough is not None and ew.draws == 1:
+            raise ValueError("phases.eval_warmup.draw_enough stops drawing early; with draws: 1 there is one draw: set draws > 1 "
+                             "or remove draw_enough")
         if (bw.decision_own_opening or bw.decision_wrapped) and not bw.decision_requests:
             raise ValueError("phases.blue_warmup.decision_own_opening / _wrapped shape a decision that is off: set decision_requests")
         for role in ("red", "eval"):

@@ -47,8 +47,10 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 
 def phase_steps(recipe, phase: str) -> int:
-    """A phase's steps as the recipe sets them (the warm start's are its own)."""
-    return getattr(recipe.phases, phase).steps
+    """A phase's steps as the recipe sets them (the warm start's are its own,
+    once per draw: eval_draws.py)."""
+    cfg = getattr(recipe.phases, phase)
+    return cfg.steps * getattr(cfg, "draws", 1)
 
 
 class PhaseControl:
@@ -63,7 +65,7 @@ class PhaseControl:
     def steps(self, iteration: int, phase: str) -> int:
         return self.state["phase_steps"].get(f"{iteration}:{phase}", phase_steps(self.recipe, phase))
 
-    def _set(self, iteration: int, phase: str, steps: int) -> None:
+    def set_steps(self, iteration: int, phase: str, steps: int) -> None:
         self.state["phase_steps"][f"{iteration}:{phase}"] = steps
 
     def _row(self, iteration: int, after: str, action: str, reason: str, **values) -> dict:
@@ -78,7 +80,7 @@ class PhaseControl:
         step = row["step"]
         if step >= self.steps(iteration, phase):
             return []
-        self._set(iteration, phase, step)
+        self.set_steps(iteration, phase, step)
         return [self._row(iteration, phase, f"stop red after step {step}",
                           f"red's entropy {row['entropy']:.3f} < red_entropy_floor {floor}", entropy=row["entropy"])]
 
@@ -91,7 +93,7 @@ class PhaseControl:
             asr = _mean(rows, "asr_blue")
             if asr is not None and asr > self.cfg.red_asr_high:
                 steps = self.steps(iteration, "blue") + self.cfg.extra_steps
-                self._set(iteration, "blue", steps)
+                self.set_steps(iteration, "blue", steps)
                 out.append(self._row(iteration, phase, f"blue {steps} steps",
                                      f"red's ASR against blue {asr:.2f} > red_asr_high {self.cfg.red_asr_high}", asr_blue=asr))
         if phase == "eval":
@@ -102,7 +104,7 @@ class PhaseControl:
             if acc is not None and last is not None and last - acc > self.cfg.eval_accuracy_drop:
                 nxt = iteration + 1
                 steps = self.steps(nxt, "eval") + self.cfg.extra_steps
-                self._set(nxt, "eval", steps)
+                self.set_steps(nxt, "eval", steps)
                 out.append(self._row(iteration, phase, f"eval {steps} steps in iteration {nxt}",
                                      f"eval's accuracy fell {last:.2f} -> {acc:.2f} (> eval_accuracy_drop {self.cfg.eval_accuracy_drop})",
                                      accuracy=acc))
@@ -130,8 +132,8 @@ class PhaseControl:
             action = "warning"
             if self.cfg.pause_red_on_drift:
                 nxt = iteration + 1
-                self._set(nxt, "red", 0)
-                self._set(nxt, "eval", self.steps(nxt, "eval") + self.cfg.extra_steps)
+                self.set_steps(nxt, "red", 0)
+                self.set_steps(nxt, "eval", self.steps(nxt, "eval") + self.cfg.extra_steps)
                 action = f"pause red in iteration {nxt}; eval {self.steps(nxt, 'eval')} steps"
             rows.append(self._row(iteration, "eval", action, "judge drift: " + why))
         return rows

@@ -214,15 +214,18 @@ class EvalSteps:
         recipe's gold file (`eval_gold`, after the phases in
         `experts.gold_after`): one metrics row each."""
         game = self.game
-        rows = []
-        held = game.data.heldout_pairs()
-        if held:
-            rows.append(self._check(iteration, after, "eval_heldout", held, [x["panel_label"] for x in held]))
-            if "ece" in rows[-1]:
-                game.state["eval_ece"] = rows[-1]["ece"]
+        held = self.check_heldout(iteration, after)
+        rows = [held] if held else []
+        if held and "ece" in held:
+            game.state["eval_ece"] = held["ece"]
         if game.data.gold and after in game.recipe.experts.gold_after:
             rows.append(self._check(iteration, after, "eval_gold", game.data.gold, [x["label"] for x in game.data.gold]))
         return rows
+
+    def check_heldout(self, iteration: int, after: str) -> dict | None:
+        """Eval on the pairs kept out of its training: one `eval_heldout` row (None: no pair is held out)."""
+        held = self.game.data.heldout_pairs()
+        return self._check(iteration, after, "eval_heldout", held, [x["panel_label"] for x in held]) if held else None
 
     def _check(self, iteration: int, after: str, phase: str, pairs: list[dict], gold: list[str]) -> dict:
         t0 = time.perf_counter()

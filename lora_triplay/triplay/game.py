@@ -62,9 +62,17 @@ class TriPlay(Game):
         cfg = getattr(self.recipe.phases, phase)
         lr = cfg.lr or self.lr_of(self.role_of(phase))
         end = getattr(cfg, "lr_end", None)
+        step, steps = self.segment(phase, step, steps)
         if end is None or steps <= 1:
             return lr
         return lr + (end - lr) * (min(step, steps) - 1) / (steps - 1)
+
+    def segment(self, phase: str, step: int, steps: int) -> tuple[int, int]:
+        """Each of eval's warm-start draws is a stretch of its own (eval_draws.py)."""
+        cfg = self.recipe.phases.eval_warmup
+        if phase != "eval_warmup" or cfg.draws == 1:
+            return step, steps
+        return (step - 1) % cfg.steps + 1, cfg.steps
 
     def average_last(self, phase: str) -> int:
         """Eval's warm start may end on the mean of its last weights
@@ -126,6 +134,9 @@ class TriPlay(Game):
                                                           r.model.trust_remote_code)
         self.blue_judge = self._fixed_blue_judge(r.rewards.blue_judge)
         self.control = PhaseControl(r.control, r, session.state)
+        from .eval_draws import EvalDraws  # torch, as the phases below
+
+        self.draws = EvalDraws(self)
         self.defenders: list[defender_set.Defender] = []
         self.attackers: list[tuple[str, float]] = []  # league members writing blue's prompts (league.py)
         from .loop import Phases  # here: the phases import torch, and reading a recipe (`validate`) imports this module
@@ -157,12 +168,16 @@ class TriPlay(Game):
             self.defenders = defender_set.resolve([*r.defenders, *members], self.store, self.engine, self.model_defenders)
         if phase == "blue":
             self.attackers = league.resolve_attackers(r.league, self.store, self.engine, record)
+        if phase == "eval_warmup" and self.draws.active:
+            self.draws.phase_start()
 
     def step(self, phase: str, iteration: int, step: int) -> StepResult:
         self.data.pending = []
         return self.phases.run_step(phase, iteration, step)
 
     def after_step(self, iteration: int, phase: str, row: dict) -> list[dict]:
+        if phase == "eval_warmup" and self.draws.active:
+            return self.draws.after_step(iteration, row["step"])
         return self.control.after_step(iteration, phase, row)
 
     def commit_step(self, result) -> None:

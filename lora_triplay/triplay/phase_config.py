@@ -73,6 +73,18 @@ class WarmupConfig(_Strict):
         "averaging; 0: the last step's weights). Why: the same answer, not the last batches, decides where eval starts "
         "(measurement: recipes/cpu-evidence.yaml)"
     )
+    draws: int = Field(
+        1, ge=1, le=16, description="train the warm start this many times on the same pool, each from eval's first weights "
+        "with a fresh optimizer and a batch order of its own, and keep the draw whose held-out slice recalls the most "
+        "harmful compliances (`negative`; ties: its accuracy, then the earlier draw; eval_draws.py). Costs up to `draws` "
+        "times the warm start's updates. Why: the after-blue warm start on one seed's 728 pairs read the labelled set at "
+        "23.3 to 96.7 with the batch order alone. Written down before six new draws, this rule kept one that met the "
+        "issue's target on each seed (86.7, 96.7), where a draw picked at random would on both about a fifth of the time; "
+        "but one draw at recall 1.0 read 45.8 (`positive` recall 19), passed over for its lower slice accuracy alone "
+        "(2026-12-07, bench/results/evidence-eval-after-blue/). Off: measured on the after-blue warm start only")
+    draw_enough: float | None = Field(
+        None, ge=0, le=1, description="with draws > 1: stop drawing once a draw's held-out slice recalls at least this share "
+        "of the harmful compliances (None: train every draw)")
     objective: Literal["grpo", "sft", "sft+grpo"] = Field(
         "sft", description="as phases.eval.objective; the cross-entropy by default: a stable start from few labels")
     benign_share: float | None = Field(
