@@ -103,8 +103,8 @@ def test_three_draws_keep_the_best_and_draw_one_is_the_plain_warm_start(tiny_mod
 
 
 def test_enough_stops_drawing(tiny_model_dir, tmp_path):
-    """draw_enough 0: the first draw's score (any recall, or none) ends the
-    phase unless the slice holds no harmful compliance to score by."""
+    """draw_enough 0: any recall of harmful compliances ends the phase after
+    draw 1; a slice with none to recall gives no score, which is never enough."""
     from lora_triplay.core.session import Session
 
     session = Session.open(build_recipe(_recipe(tiny_model_dir, draws=3, draw_enough=0.0)), tmp_path / "r")
@@ -112,10 +112,9 @@ def test_enough_stops_drawing(tiny_model_dir, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     checks = [r for r in rows if r["phase"] == "eval_heldout" and "draw" in r]
     (decision,) = [r for r in rows if r["phase"] == "eval_draws"]
-    if checks[0].get("recall_harmful_negative") is None:
-        pytest.skip("this slice holds no harmful compliance; the ranking test above covers it")
-    assert [c["draw"] for c in checks] == [1] and decision == {**decision, "kept": 1, "drawn": 1}
-    assert max(r["step"] for r in rows if r["phase"] == "eval_warmup") == 2
+    drawn = 1 if checks[0].get("recall_harmful_negative") is not None else 3
+    assert [c["draw"] for c in checks] == list(range(1, drawn + 1)) and decision["drawn"] == drawn
+    assert max(r["step"] for r in rows if r["phase"] == "eval_warmup") == 2 * drawn
 
 
 @pytest.mark.slow
@@ -154,3 +153,19 @@ def test_a_crash_between_draws_resumes_exactly(tiny_model_dir, tmp_path):
     (rows_a, draws_a, w_a), (rows_b, draws_b, w_b) = final(whole), final(cut)
     assert draws_a == draws_b and rows_a == rows_b
     assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+
+
+def test_draws_refuse_several_processes(tiny_model_dir, tmp_path):
+    """Saving and restoring draws across ranks is not built: a run with more
+    than one process says so before any step, not after training ranks apart."""
+    from types import SimpleNamespace
+
+    from lora_triplay.errors import UserError
+    from lora_triplay.triplay.eval_draws import EvalDraws
+
+    game = TriPlay(build_recipe(_recipe(tiny_model_dir, draws=3)))
+    game.session = SimpleNamespace(collective=SimpleNamespace(world=2))
+    with pytest.raises(UserError, match="one process"):
+        EvalDraws(game)
+    game.session.collective.world = 1
+    assert EvalDraws(game).active

@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..core.atomic import write_file
+from ..errors import UserError
 from ..model import adapter_parameters
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,11 @@ class EvalDraws:
     def __init__(self, game):
         self.game = game
         self.cfg = game.recipe.phases.eval_warmup
+        if self.active and game.session.collective.world > 1:
+            # each rank holds its own (possibly sharded) copy of eval's weights; saving and restoring
+            # draws across ranks is not built, and a silent mismatch would train ranks apart
+            raise UserError(f"phases.eval_warmup.draws = {self.cfg.draws} runs in one process; this run has "
+                            f"{game.session.collective.world}: set draws: 1, or run the warm start without accelerate")
 
     @property
     def active(self) -> bool:
@@ -87,7 +93,7 @@ class EvalDraws:
         game, draw = self.game, step // self.cfg.steps
         check = game.phases.evals.check_heldout(iteration, PHASE)
         if check is None:  # recipe validation asks for a slice; a pool too small to hold any pair out leaves none
-            raise RuntimeError("phases.eval_warmup.draws: no pair was held out to rank the draws by; raise "
+            raise UserError("phases.eval_warmup.draws: no pair was held out to rank the draws by; raise "
                                "phases.eval_warmup.pairs or experts.heldout_share, or set draws: 1")
         check["draw"] = draw
         score = check.get("recall_harmful_negative")

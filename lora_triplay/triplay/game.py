@@ -176,9 +176,10 @@ class TriPlay(Game):
         return self.phases.run_step(phase, iteration, step)
 
     def after_step(self, iteration: int, phase: str, row: dict) -> list[dict]:
+        rows = self.control.after_step(iteration, phase, row)
         if phase == "eval_warmup" and self.draws.active:
-            return self.draws.after_step(iteration, row["step"])
-        return self.control.after_step(iteration, phase, row)
+            rows += self.draws.after_step(iteration, row["step"])
+        return rows
 
     def commit_step(self, result) -> None:
         rows = result.jsonl_rows()
