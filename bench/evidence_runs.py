@@ -194,6 +194,10 @@ VARIANTS = {
     # 16 in seed 0's). On seed 1 draw 1 is the run's 44.2 above. Cut after the warm starts: does seed 1 get an eval?
     "eval-warm-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.eval_warmup.after_blue_warmup=true",
                                       "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
+    # ... and through the loop (stop 71): the cut run kept draw 3, 87.5 on the labelled set. Seed 0 needs no run of
+    # its own: its draw 1 recalls 15 of 16 (0.9375), so draw_enough stops there and the run is main-eval-after-blue-s0
+    "main-eval-after-blue-draws-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true",
+                                      "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
