@@ -196,6 +196,8 @@ VARIANTS = {
                                       "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
     # ... and through the loop (stop 71): the cut run kept draw 3, 87.5 on the labelled set. Seed 0 needs no run of
     # its own: its draw 1 recalls 15 of 16 (0.9375), so draw_enough stops there and the run is main-eval-after-blue-s0
+    # (on that run's host). Measured 2026-12-08 (bench/results/evidence-eval-after-blue-draws/): draw 1 recalled all 7
+    # and read the labelled set at 68.3; blue JBB ASR 72.5 / 22.5 / 0.0 at over-refusal 72.5 / 95.0: not adopted
     "main-eval-after-blue-draws-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true",
                                       "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
 }

@@ -6,7 +6,9 @@ set at 23.3 to 96.7 with the batch order alone. Written down before six
 new draws, this rule (the slice's recall of harmful compliances, then its
 accuracy) kept one that met the issue's target on each seed; one draw at
 recall 1.0 read 45.8, passed over for its slice accuracy alone
-(bench/BENCHMARKS.md, 2026-12-07). The slice is the run's own data
+(bench/BENCHMARKS.md, 2026-12-07). It ranks coarsely: through the loop on
+seed 1 the first draw recalled all 7 compliances in its slice and read 68.3
+(2026-12-08), so it stays off in every recipe. The slice is the run's own data
 (experts.heldout_share), so keeping a draw by it touches no evaluation set.
 
 How, inside the one phase `eval_warmup` of `draws x steps` updates:
