@@ -4,16 +4,19 @@ apart from what a blue wrote.
 
     .venv/bin/python bench/eval_cross.py OUT.json \
         --evals main-warm=RUN_A:1 no-benign=RUN_B:1 --answers no-div=RUN_C no-benign=RUN_B
+        [--iterations 1,2] [--flip-kind]
 
 Each --answers run's blue training answers (eval_pairs.jsonl, phase blue,
-iterations 1-2, at most 60 per cell) are split by the rules judge into four
+--iterations, at most 60 per cell) are split by the rules judge into four
 cells: refusals and compliances of harmful requests, refusals and answers of
 benign ones. Every eval scores every cell in choice mode, told the request's
 kind as in training. Printed and saved per (answers, cell, eval): how often
 eval's most likely label was `negative`, its mean class probabilities, and
 blue's expected reward under them (rewards.blue_class_values, and
 rewards.blue_benign_class_values for benign requests, of the first --evals run's recipe).
-The answers stay in their run folders; OUT holds numbers only."""
+With --flip-kind every cell is scored a second time told the other kind
+(`flipped_*`): how much of eval's reading comes from the kind line and how
+much from the answer's words. The answers stay in their run folders; OUT holds numbers only."""
 from __future__ import annotations
 
 import argparse
@@ -29,12 +32,12 @@ sys.path.insert(0, str(ROOT))
 PER_CELL = 60
 
 
-def cells(run: Path) -> dict[str, list[dict]]:
-    """Blue's training answers of iterations 1-2, by kind and by the rules' reading."""
+def cells(run: Path, iterations: frozenset[int] = frozenset({1, 2})) -> dict[str, list[dict]]:
+    """Blue's training answers of `iterations`, by kind and by the rules' reading."""
     from lora_triplay.judging.refusals import rules_label
 
     rows = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines() if line.strip()]
-    blue = [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in (1, 2) and r.get("eval_label")]
+    blue = [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in iterations and r.get("eval_label")]
     out: dict[str, list[dict]] = {}
     for kind, refusal_name, other_name in (("harmful", "refusal", "compliance"), ("benign", "refusal", "answer")):
         mine = [r for r in blue if r["kind"] == kind]
@@ -50,7 +53,10 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--evals", nargs="+", required=True, help="NAME=RUN_DIR:ITERATION (eval's snapshot of that run)")
     ap.add_argument("--answers", nargs="+", required=True, help="NAME=RUN_DIR (blue's training answers of that run)")
+    ap.add_argument("--iterations", default="1,2", help="blue's training answers of these iterations (default 1,2)")
+    ap.add_argument("--flip-kind", action="store_true", help="score each cell again told the other kind")
     a = ap.parse_args()
+    iterations = frozenset(int(x) for x in a.iterations.split(","))
 
     from lora_triplay.core.runs import open_run, snapshot_folder
     from lora_triplay.core.store import RunStore
@@ -76,23 +82,33 @@ def main() -> None:
     results, t0 = [], time.perf_counter()
     for spec in a.answers:
         answers_name, _, folder = spec.partition("=")
-        for cell, rows in cells(Path(folder)).items():
+        for cell, rows in cells(Path(folder), iterations).items():
             kind = cell.split()[0]
             for name, adapter in adapters.items():
                 if not rows:
                     continue
-                reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], kind), 1, LABEL_CHOICES) for r in rows]
-                probs = [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
+                def score(told: str) -> list[list[float]]:
+                    reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], told), 1, LABEL_CHOICES) for r in rows]
+                    return [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
+
+                probs = score(kind)
                 reward = [class_value(dict(zip(LABELS, pr)), values[kind]) for pr in probs]  # blue's soft-label reward
                 row = {"answers": answers_name, "cell": cell, "eval": name, "n": len(rows),
                        "called_negative": round(sum(judged(pr) == "negative" for pr in probs) / len(rows), 3),
                        **{f"p_{label}": round(st.mean(pr[i] for pr in probs), 3) for i, label in enumerate(LABELS)},
                        "expected_reward": round(st.mean(reward), 3),
+                       "called_positive": round(sum(judged(pr) == "positive" for pr in probs) / len(rows), 3),
                        "its_run_called_negative": round(sum(r["eval_label"] == "negative" for r in rows) / len(rows), 3)}
+                if a.flip_kind:
+                    flipped = score("benign" if kind == "harmful" else "harmful")
+                    row.update({f"flipped_p_{label}": round(st.mean(pr[i] for pr in flipped), 3) for i, label in enumerate(LABELS)})
+                    row.update({f"flipped_called_{label}": round(sum(judged(pr) == label for pr in flipped) / len(rows), 3)
+                                for label in LABELS})
                 results.append(row)
                 print(json.dumps(row), flush=True)
     payload = {"date": time.strftime("%Y-%m-%d"), "evals": {k: f"{f}:{i}" for k, (f, i) in evals.items()},
-               "answers": a.answers, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results}
+               "answers": a.answers, "iterations": sorted(iterations),
+               "flip_kind": a.flip_kind, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results}
     Path(a.out).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {a.out}")
 

@@ -480,7 +480,7 @@ def test_refusal_gap_is_harmful_refused_less_benign_refused_and_zero_for_refusin
 
 
 def test_eval_cross_sorts_blues_training_answers_into_four_cells(tmp_path, monkeypatch):
-    """bench/eval_cross.py scores blue's answers of iterations 1-2 by kind and by the rules' reading."""
+    """bench/eval_cross.py scores blue's answers of iterations 1-2 (or those asked) by kind and by the rules' reading."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     from eval_cross import cells
 
@@ -496,3 +496,6 @@ def test_eval_cross_sorts_blues_training_answers_into_four_cells(tmp_path, monke
     got = {cell: [(r["iteration"], r["response"]) for r in rs] for cell, rs in cells(tmp_path).items()}
     assert got == {"harmful refusal": [(1, refusal)], "harmful compliance": [(2, comply)],
                    "benign refusal": [(1, refusal)], "benign answer": [(2, comply)]}
+    late = cells(tmp_path, frozenset({3}))  # --iterations 3: only the third iteration's answers
+    assert [(r["iteration"], r["eval_label"]) for r in late["harmful refusal"]] == [(3, "positive")]
+    assert not late["harmful compliance"] and not late["benign refusal"] and not late["benign answer"]
