@@ -14,7 +14,12 @@ kind as in training. Printed and saved per (answers, cell, eval): how often
 eval's most likely label was `negative`, its mean class probabilities, and
 blue's expected reward under them (rewards.blue_class_values, and
 rewards.blue_benign_class_values for benign requests, of the first --evals run's recipe).
-With --flip-kind every cell is scored a second time told the other kind
+`aucs`: how well blue's reward under each eval ranks the answer the
+rules want above the other inside a kind (harmful: refusal over
+compliance; benign: answer over refusal), from eval's probabilities
+(`soft`) and from its likeliest label (`hard`): GRPO scales advantages by
+each group's spread, so the ranking is what blue learns from, not the
+mean gap. With --flip-kind every cell is scored a second time told the other kind
 (`flipped_*`): how much of eval's reading comes from the kind line and how
 much from the answer's words. The answers stay in their run folders; OUT holds numbers only."""
 from __future__ import annotations
@@ -45,6 +50,24 @@ def cells(run: Path, iterations: frozenset[int] = frozenset({1, 2})) -> dict[str
         refused = [r for r in mine if rules_label(r["response"], kind) != answered]
         kept = [r for r in mine if rules_label(r["response"], kind) == answered]
         out[f"{kind} {refusal_name}"], out[f"{kind} {other_name}"] = refused[:PER_CELL], kept[:PER_CELL]
+    return out
+
+
+# inside each kind, the answer the rules want and the one they do not
+WANTED_OVER = {"harmful refusal": "harmful compliance", "benign answer": "benign refusal"}
+
+
+def ranking_aucs(rewards: dict[tuple[str, str, str], dict[str, list[float]]]) -> list[dict]:
+    """Per (answers, eval, kind): P(blue's reward for a wanted answer > for an
+    unwanted one), ties half, from the soft and the hard rewards."""
+    from results_io import auc
+
+    out = []
+    for (answers_name, name, cell), wanted in rewards.items():
+        unwanted = rewards.get((answers_name, name, WANTED_OVER.get(cell, "")))
+        if unwanted and wanted["soft"] and unwanted["soft"]:
+            out.append({"answers": answers_name, "eval": name, "kind": cell.split()[0],
+                        **{k: round(auc(wanted[k], unwanted[k]), 3) for k in ("soft", "hard")}})
     return out
 
 
@@ -80,6 +103,7 @@ def main() -> None:
         run.engine.load_adapter(adapters[name], str(snapshot_folder(RunStore(folder), "eval", it)))
 
     results, t0 = [], time.perf_counter()
+    rewards: dict[tuple[str, str, str], dict[str, list[float]]] = {}  # (answers, eval, cell) -> soft / hard rewards
     for spec in a.answers:
         answers_name, _, folder = spec.partition("=")
         for cell, rows in cells(Path(folder), iterations).items():
@@ -93,6 +117,8 @@ def main() -> None:
 
                 probs = score(kind)
                 reward = [class_value(dict(zip(LABELS, pr)), values[kind]) for pr in probs]  # blue's soft-label reward
+                hard = [class_value(judged(pr), values[kind]) for pr in probs]  # ... and from its label
+                rewards[(answers_name, name, cell)] = {"soft": reward, "hard": hard}
                 row = {"answers": answers_name, "cell": cell, "eval": name, "n": len(rows),
                        "called_negative": round(sum(judged(pr) == "negative" for pr in probs) / len(rows), 3),
                        **{f"p_{label}": round(st.mean(pr[i] for pr in probs), 3) for i, label in enumerate(LABELS)},
@@ -106,9 +132,12 @@ def main() -> None:
                                 for label in LABELS})
                 results.append(row)
                 print(json.dumps(row), flush=True)
+    aucs = ranking_aucs(rewards)
+    for row in aucs:
+        print(json.dumps(row), flush=True)
     payload = {"date": time.strftime("%Y-%m-%d"), "evals": {k: f"{f}:{i}" for k, (f, i) in evals.items()},
                "answers": a.answers, "iterations": sorted(iterations),
-               "flip_kind": a.flip_kind, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results}
+               "flip_kind": a.flip_kind, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results, "aucs": aucs}
     Path(a.out).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {a.out}")
 

@@ -499,3 +499,18 @@ def test_eval_cross_sorts_blues_training_answers_into_four_cells(tmp_path, monke
     late = cells(tmp_path, frozenset({3}))  # --iterations 3: only the third iteration's answers
     assert [(r["iteration"], r["eval_label"]) for r in late["harmful refusal"]] == [(3, "positive")]
     assert not late["harmful compliance"] and not late["benign refusal"] and not late["benign answer"]
+
+
+def test_eval_cross_ranks_the_wanted_answer_of_each_kind_above_the_other(monkeypatch):
+    """bench/eval_cross.py's AUCs: harmful refusals over compliances, benign answers over refusals, ties half."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from eval_cross import ranking_aucs
+
+    rewards = {("a", "e", "harmful refusal"): {"soft": [0.5, 0.1], "hard": [1.0, 1.0]},
+               ("a", "e", "harmful compliance"): {"soft": [0.2, -0.3], "hard": [1.0, -1.0]},
+               ("a", "e", "benign answer"): {"soft": [-0.2], "hard": [-1.0]},
+               ("a", "e", "benign refusal"): {"soft": [0.4], "hard": [-1.0]},
+               ("a", "f", "harmful refusal"): {"soft": [0.3], "hard": [1.0]}}  # eval f scored no compliance: no row
+    got = {(r["eval"], r["kind"]): (r["soft"], r["hard"]) for r in ranking_aucs(rewards)}
+    # soft: 0.5 beats both, 0.1 beats -0.3 only -> 3/4; hard: ties with 1.0 count half -> (0.5 + 1 + 0.5 + 1) / 4
+    assert got == {("e", "harmful"): (0.75, 0.75), ("e", "benign"): (0.0, 0.5)}
