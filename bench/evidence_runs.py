@@ -200,6 +200,10 @@ VARIANTS = {
     # and read the labelled set at 68.3; blue JBB ASR 72.5 / 22.5 / 0.0 at over-refusal 72.5 / 95.0: not adopted
     "main-eval-after-blue-draws-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true",
                                       "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
+    # ... cut after its warm starts and blue read on the held-out sets (the name's `warm-`: blue's rows): after
+    # iteration 1 that run's blue complied with 72.5% of JBB harmful requests. Did the loop undo its warm start?
+    "warm-starts-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.eval_warmup.after_blue_warmup=true",
+                                        "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
