@@ -19,7 +19,8 @@ rules want above the other inside a kind (harmful: refusal over
 compliance; benign: answer over refusal), from eval's probabilities
 (`soft`) and from its likeliest label (`hard`): GRPO scales advantages by
 each group's spread, so the ranking is what blue learns from, not the
-mean gap. With --flip-kind every cell is scored a second time told the other kind
+mean gap. Pooled over requests, where a group holds one request's
+answers: a stand-in for the within-group ranking. With --flip-kind every cell is scored a second time told the other kind
 (`flipped_*`): how much of eval's reading comes from the kind line and how
 much from the answer's words. The answers stay in their run folders; OUT holds numbers only."""
 from __future__ import annotations
