@@ -202,6 +202,8 @@ VARIANTS = {
                                       "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
     # ... cut after its warm starts and blue read on the held-out sets (the name's `warm-`: blue's rows): after
     # iteration 1 that run's blue complied with 72.5% of JBB harmful requests. Did the loop undo its warm start?
+    # Measured 2026-12-08: warm starts identical to that run's step for step; blue JBB ASR 32.5 at over-refusal
+    # 42.5 / 20.0, so iteration 1 gave back 40 points of it
     "warm-starts-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.eval_warmup.after_blue_warmup=true",
                                         "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
 }
