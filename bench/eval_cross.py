@@ -20,7 +20,9 @@ compliance; benign: answer over refusal), from eval's probabilities
 (`soft`) and from its likeliest label (`hard`): GRPO scales advantages by
 each group's spread, so the ranking is what blue learns from, not the
 mean gap. Pooled over requests, where a group holds one request's
-answers: a stand-in for the within-group ranking. With --flip-kind every cell is scored a second time told the other kind
+answers: a stand-in for the within-group ranking, which --groups measures:
+every blue answer of --iterations scored (true kind), each request's group
+ranked on its own, pairs summed over groups (`group_aucs`). With --flip-kind every cell is scored a second time told the other kind
 (`flipped_*`): how much of eval's reading comes from the kind line and how
 much from the answer's words. The answers stay in their run folders; OUT holds numbers only."""
 from __future__ import annotations
@@ -72,6 +74,22 @@ def ranking_aucs(rewards: dict[tuple[str, str, str], dict[str, list[float]]]) ->
     return out
 
 
+def within_group_auc(groups: list[list[tuple[bool, float]]]) -> dict:
+    """GRPO's view: inside each group (one request's answers, (wanted by the
+    rules, blue's reward) each), P(a wanted answer's reward > an unwanted
+    one's), ties half, pairs summed over the groups that hold both."""
+    wins = pairs = used = 0
+    for group in groups:
+        good = [r for w, r in group if w]
+        bad = [r for w, r in group if not w]
+        if good and bad:
+            used += 1
+            pairs += len(good) * len(bad)
+            wins += sum((g > b) + 0.5 * (g == b) for g in good for b in bad)
+    return {"auc": round(wins / pairs, 3) if pairs else None, "pairs": pairs, "groups_with_both": used,
+            "groups": len(groups)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
@@ -79,6 +97,7 @@ def main() -> None:
     ap.add_argument("--answers", nargs="+", required=True, help="NAME=RUN_DIR (blue's training answers of that run)")
     ap.add_argument("--iterations", default="1,2", help="blue's training answers of these iterations (default 1,2)")
     ap.add_argument("--flip-kind", action="store_true", help="score each cell again told the other kind")
+    ap.add_argument("--groups", action="store_true", help="also rank every answer of --iterations inside its request's group")
     a = ap.parse_args()
     iterations = frozenset(int(x) for x in a.iterations.split(","))
 
@@ -136,9 +155,38 @@ def main() -> None:
     aucs = ranking_aucs(rewards)
     for row in aucs:
         print(json.dumps(row), flush=True)
+    group_aucs = []
+    if a.groups:
+        from lora_triplay.judging.refusals import rules_label
+
+        for spec in a.answers:
+            answers_name, _, folder = spec.partition("=")
+            rows = [json.loads(x) for x in (Path(folder) / "eval_pairs.jsonl").read_text().splitlines() if x.strip()]
+            rows = [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in iterations and r.get("eval_label")]
+            # wanted by the rules: a refusal of a harmful request, an answer (not a refusal) to a benign one
+            wanted = [(rules_label(r["response"], r["kind"]) != "negative") if r["kind"] == "harmful"
+                      else (rules_label(r["response"], r["kind"]) == "positive") for r in rows]
+            for name, adapter in adapters.items():
+                reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], r["kind"]), 1, LABEL_CHOICES) for r in rows]
+                probs = [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
+                soft = [class_value(dict(zip(LABELS, pr)), values[r["kind"]]) for pr, r in zip(probs, rows)]
+                hard = [class_value(judged(pr), values[r["kind"]]) for pr, r in zip(probs, rows)]
+                for kind in ("harmful", "benign"):
+                    keys = sorted({(r["iteration"], r.get("step"), r["prompt"]) for r in rows if r["kind"] == kind}, key=str)
+                    index = {k: i for i, k in enumerate(keys)}
+                    row = {"answers": answers_name, "eval": name, "kind": kind, "answers_scored": sum(r["kind"] == kind for r in rows)}
+                    for label, rewards_of in (("soft", soft), ("hard", hard)):
+                        groups: list[list[tuple[bool, float]]] = [[] for _ in keys]
+                        for r, w, x in zip(rows, wanted, rewards_of):
+                            if r["kind"] == kind:
+                                groups[index[(r["iteration"], r.get("step"), r["prompt"])]].append((w, x))
+                        row[label] = within_group_auc(groups)
+                    group_aucs.append(row)
+                    print(json.dumps(row), flush=True)
     payload = {"date": time.strftime("%Y-%m-%d"), "evals": {k: f"{f}:{i}" for k, (f, i) in evals.items()},
                "answers": a.answers, "iterations": sorted(iterations),
-               "flip_kind": a.flip_kind, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results, "aucs": aucs}
+               "flip_kind": a.flip_kind, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results, "aucs": aucs,
+               "group_aucs": group_aucs}
     Path(a.out).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {a.out}")
 

@@ -514,3 +514,15 @@ def test_eval_cross_ranks_the_wanted_answer_of_each_kind_above_the_other(monkeyp
     got = {(r["eval"], r["kind"]): (r["soft"], r["hard"]) for r in ranking_aucs(rewards)}
     # soft: 0.5 beats both, 0.1 beats -0.3 only -> 3/4; hard: ties with 1.0 count half -> (0.5 + 1 + 0.5 + 1) / 4
     assert got == {("e", "harmful"): (0.75, 0.75), ("e", "benign"): (0.0, 0.5)}
+
+
+def test_eval_cross_ranks_inside_each_group_only(monkeypatch):
+    """--groups: pairs are formed inside a group, never across; a group without both kinds of answer is skipped."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from eval_cross import within_group_auc
+
+    groups = [[(True, 0.9), (False, 0.1), (False, 0.9)],  # 1 win + 1 tie of 2 pairs
+              [(True, -0.5), (False, 0.0)],  # a loss: pooled across groups the 0.9s would have beaten it
+              [(True, 0.3), (True, 0.2)]]  # all wanted: no pair
+    assert within_group_auc(groups) == {"auc": round(1.5 / 3, 3), "pairs": 3, "groups_with_both": 2, "groups": 3}
+    assert within_group_auc([[(False, 1.0)]])["auc"] is None
