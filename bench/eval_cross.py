@@ -14,17 +14,16 @@ kind as in training. Printed and saved per (answers, cell, eval): how often
 eval's most likely label was `negative`, its mean class probabilities, and
 blue's expected reward under them (rewards.blue_class_values, and
 rewards.blue_benign_class_values for benign requests, of the first --evals run's recipe).
-`aucs`: how well blue's reward under each eval ranks the answer the
-rules want above the other inside a kind (harmful: refusal over
-compliance; benign: answer over refusal), from eval's probabilities
-(`soft`) and from its likeliest label (`hard`): GRPO scales advantages by
-each group's spread, so the ranking is what blue learns from, not the
-mean gap. Pooled over requests, where a group holds one request's
-answers: a stand-in for the within-group ranking, which --groups measures:
-every blue answer of --iterations scored (true kind), each request's group
-ranked on its own, pairs summed over groups (`group_aucs`). With --flip-kind every cell is scored a second time told the other kind
-(`flipped_*`): how much of eval's reading comes from the kind line and how
-much from the answer's words. The answers stay in their run folders; OUT holds numbers only."""
+`aucs`: how well blue's reward under each eval ranks the answer the rules
+want above the other inside a kind (harmful: refusal over compliance;
+benign: answer over refusal), from eval's probabilities (`soft`) and from
+its likeliest label (`hard`). GRPO scales advantages by each group's
+spread, so the ranking is what blue learns from, not the mean gap; pooled
+over requests it is a stand-in. --groups ranks each request's group on its
+own, every blue answer of --iterations scored (`group_aucs`). --flip-kind
+scores every cell again told the other kind (`flipped_*`): how much of
+eval's reading comes from the kind line and how much from the words.
+The answers stay in their run folders; OUT holds numbers only."""
 from __future__ import annotations
 
 import argparse
@@ -40,19 +39,33 @@ sys.path.insert(0, str(ROOT))
 PER_CELL = 60
 
 
-def cells(run: Path, iterations: frozenset[int] = frozenset({1, 2})) -> dict[str, list[dict]]:
-    """Blue's training answers of `iterations`, by kind and by the rules' reading."""
+def blue_answers(run: Path, iterations: frozenset[int]) -> list[dict]:
+    """Blue's judged training answers (eval_pairs.jsonl, phase blue) of `iterations`."""
+    rows = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in iterations and r.get("eval_label")]
+
+
+def refused(row: dict) -> bool:
+    """The rules' reading: anything but their label for an answer (harmful: `negative`, benign: `positive`)."""
     from lora_triplay.judging.refusals import rules_label
 
-    rows = [json.loads(line) for line in (run / "eval_pairs.jsonl").read_text().splitlines() if line.strip()]
-    blue = [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in iterations and r.get("eval_label")]
+    return rules_label(row["response"], row["kind"]) != ("negative" if row["kind"] == "harmful" else "positive")
+
+
+def wanted(row: dict) -> bool:
+    """What the rules want: a refusal of a harmful request, an answer to a benign one."""
+    return refused(row) == (row["kind"] == "harmful")
+
+
+def cells(run: Path, iterations: frozenset[int] = frozenset({1, 2})) -> dict[str, list[dict]]:
+    """Blue's training answers of `iterations`, by kind and by the rules' reading."""
+    blue = blue_answers(run, iterations)
     out: dict[str, list[dict]] = {}
     for kind, refusal_name, other_name in (("harmful", "refusal", "compliance"), ("benign", "refusal", "answer")):
         mine = [r for r in blue if r["kind"] == kind]
-        answered = "negative" if kind == "harmful" else "positive"  # the rules' label for an answer that is not a refusal
-        refused = [r for r in mine if rules_label(r["response"], kind) != answered]
-        kept = [r for r in mine if rules_label(r["response"], kind) == answered]
-        out[f"{kind} {refusal_name}"], out[f"{kind} {other_name}"] = refused[:PER_CELL], kept[:PER_CELL]
+        no = [r for r in mine if refused(r)]
+        kept = [r for r in mine if not refused(r)]
+        out[f"{kind} {refusal_name}"], out[f"{kind} {other_name}"] = no[:PER_CELL], kept[:PER_CELL]
     return out
 
 
@@ -78,16 +91,33 @@ def within_group_auc(groups: list[list[tuple[bool, float]]]) -> dict:
     """GRPO's view: inside each group (one request's answers, (wanted by the
     rules, blue's reward) each), P(a wanted answer's reward > an unwanted
     one's), ties half, pairs summed over the groups that hold both."""
+    from results_io import auc
+
     wins = pairs = used = 0
     for group in groups:
-        good = [r for w, r in group if w]
-        bad = [r for w, r in group if not w]
+        good, bad = [r for w, r in group if w], [r for w, r in group if not w]
         if good and bad:
-            used += 1
-            pairs += len(good) * len(bad)
-            wins += sum((g > b) + 0.5 * (g == b) for g in good for b in bad)
+            used, pairs = used + 1, pairs + len(good) * len(bad)
+            wins += auc(good, bad) * len(good) * len(bad)
     return {"auc": round(wins / pairs, 3) if pairs else None, "pairs": pairs, "groups_with_both": used,
             "groups": len(groups)}
+
+
+def group_aucs(rows: list[dict], soft: list[float], hard: list[float]) -> dict[str, dict]:
+    """Per kind, `within_group_auc` of blue's soft and hard rewards, a group
+    being one request's answers in one step."""
+    out = {}
+    for kind in ("harmful", "benign"):
+        groups: dict[tuple, dict[str, list]] = {}
+        for r, s_, h in zip(rows, soft, hard):
+            if r["kind"] == kind:
+                g = groups.setdefault((r["iteration"], r.get("step"), r["prompt"]), {"soft": [], "hard": []})
+                w = wanted(r)
+                g["soft"].append((w, s_))
+                g["hard"].append((w, h))
+        out[kind] = {"answers_scored": sum(len(g["soft"]) for g in groups.values()),
+                     **{k: within_group_auc([g[k] for g in groups.values()]) for k in ("soft", "hard")}}
+    return out
 
 
 def main() -> None:
@@ -122,6 +152,14 @@ def main() -> None:
         adapters[name] = f"cross_{name}"
         run.engine.load_adapter(adapters[name], str(snapshot_folder(RunStore(folder), "eval", it)))
 
+    def score(adapter: str, rows: list[dict], told: list[str]) -> tuple[list, list[float], list[float]]:
+        """Eval's class probabilities for each answer told `told` (a kind per row), and blue's soft / hard rewards."""
+        reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], k), 1, LABEL_CHOICES) for r, k in zip(rows, told)]
+        probs = [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
+        kinds = [r["kind"] for r in rows]
+        return (probs, [class_value(dict(zip(LABELS, pr)), values[k]) for pr, k in zip(probs, kinds)],
+                [class_value(judged(pr), values[k]) for pr, k in zip(probs, kinds)])
+
     results, t0 = [], time.perf_counter()
     rewards: dict[tuple[str, str, str], dict[str, list[float]]] = {}  # (answers, eval, cell) -> soft / hard rewards
     for spec in a.answers:
@@ -131,13 +169,7 @@ def main() -> None:
             for name, adapter in adapters.items():
                 if not rows:
                     continue
-                def score(told: str) -> list[list[float]]:
-                    reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], told), 1, LABEL_CHOICES) for r in rows]
-                    return [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
-
-                probs = score(kind)
-                reward = [class_value(dict(zip(LABELS, pr)), values[kind]) for pr in probs]  # blue's soft-label reward
-                hard = [class_value(judged(pr), values[kind]) for pr in probs]  # ... and from its label
+                probs, reward, hard = score(adapter, rows, [kind] * len(rows))
                 rewards[(answers_name, name, cell)] = {"soft": reward, "hard": hard}
                 row = {"answers": answers_name, "cell": cell, "eval": name, "n": len(rows),
                        "called_negative": round(sum(judged(pr) == "negative" for pr in probs) / len(rows), 3),
@@ -146,7 +178,7 @@ def main() -> None:
                        "called_positive": round(sum(judged(pr) == "positive" for pr in probs) / len(rows), 3),
                        "its_run_called_negative": round(sum(r["eval_label"] == "negative" for r in rows) / len(rows), 3)}
                 if a.flip_kind:
-                    flipped = score("benign" if kind == "harmful" else "harmful")
+                    flipped = score(adapter, rows, ["benign" if kind == "harmful" else "harmful"] * len(rows))[0]
                     row.update({f"flipped_p_{label}": round(st.mean(pr[i] for pr in flipped), 3) for i, label in enumerate(LABELS)})
                     row.update({f"flipped_called_{label}": round(sum(judged(pr) == label for pr in flipped) / len(rows), 3)
                                 for label in LABELS})
@@ -155,38 +187,20 @@ def main() -> None:
     aucs = ranking_aucs(rewards)
     for row in aucs:
         print(json.dumps(row), flush=True)
-    group_aucs = []
+    by_group = []
     if a.groups:
-        from lora_triplay.judging.refusals import rules_label
-
         for spec in a.answers:
             answers_name, _, folder = spec.partition("=")
-            rows = [json.loads(x) for x in (Path(folder) / "eval_pairs.jsonl").read_text().splitlines() if x.strip()]
-            rows = [r for r in rows if r.get("phase") == "blue" and r.get("iteration") in iterations and r.get("eval_label")]
-            # wanted by the rules: a refusal of a harmful request, an answer (not a refusal) to a benign one
-            wanted = [(rules_label(r["response"], r["kind"]) != "negative") if r["kind"] == "harmful"
-                      else (rules_label(r["response"], r["kind"]) == "positive") for r in rows]
+            rows = blue_answers(Path(folder), iterations)
             for name, adapter in adapters.items():
-                reqs = [Request(adapter, eval_messages(r["prompt"], r["response"], r["kind"]), 1, LABEL_CHOICES) for r in rows]
-                probs = [c[0].choice_probs for c in run.engine.generate(reqs, Sampling(max_new_tokens=8, temperature=0.0))]
-                soft = [class_value(dict(zip(LABELS, pr)), values[r["kind"]]) for pr, r in zip(probs, rows)]
-                hard = [class_value(judged(pr), values[r["kind"]]) for pr, r in zip(probs, rows)]
-                for kind in ("harmful", "benign"):
-                    keys = sorted({(r["iteration"], r.get("step"), r["prompt"]) for r in rows if r["kind"] == kind}, key=str)
-                    index = {k: i for i, k in enumerate(keys)}
-                    row = {"answers": answers_name, "eval": name, "kind": kind, "answers_scored": sum(r["kind"] == kind for r in rows)}
-                    for label, rewards_of in (("soft", soft), ("hard", hard)):
-                        groups: list[list[tuple[bool, float]]] = [[] for _ in keys]
-                        for r, w, x in zip(rows, wanted, rewards_of):
-                            if r["kind"] == kind:
-                                groups[index[(r["iteration"], r.get("step"), r["prompt"])]].append((w, x))
-                        row[label] = within_group_auc(groups)
-                    group_aucs.append(row)
-                    print(json.dumps(row), flush=True)
+                _, soft, hard = score(adapter, rows, [r["kind"] for r in rows])
+                for kind, row in group_aucs(rows, soft, hard).items():
+                    by_group.append({"answers": answers_name, "eval": name, "kind": kind, **row})
+                    print(json.dumps(by_group[-1]), flush=True)
     payload = {"date": time.strftime("%Y-%m-%d"), "evals": {k: f"{f}:{i}" for k, (f, i) in evals.items()},
                "answers": a.answers, "iterations": sorted(iterations),
                "flip_kind": a.flip_kind, "per_cell": PER_CELL, "seconds": round(time.perf_counter() - t0, 1), "results": results, "aucs": aucs,
-               "group_aucs": group_aucs}
+               "group_aucs": by_group}
     Path(a.out).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {a.out}")
 
