@@ -16,6 +16,9 @@ ABLATIONS = {  # each at main-s0's seed and budget
 CUT_AFTER_WARM_STARTS = ["iterations=1", "phases.red.steps=0", "phases.blue.steps=0", "phases.eval.steps=0"]
 # ... and without eval's warm start: blue after its own warm start alone
 WARM_ONLY = ["seed=0", "phases.eval_warmup.steps=0", *CUT_AFTER_WARM_STARTS]
+# eval's warm start after blue's, drawn up to three times, stopping at a slice recall of 15 in 16 (eval_draws.py)
+AFTER_BLUE_DRAWS = ["phases.eval_warmup.after_blue_warmup=true", "phases.eval_warmup.draws=3",
+                    "phases.eval_warmup.draw_enough=0.9375"]
 # the training split of the public benchmarks beside the package's requests ({work}: the --work folder)
 INDIST = ["data.benign_prompts={work}/train/benign.jsonl", "data.basic_prompts={work}/train/harmful.jsonl"]
 # The main run with one training setting changed, kept beside it in the report
@@ -192,20 +195,17 @@ VARIANTS = {
     # ... drawn up to three times, the draw kept whose held-out slice recalls the harmful compliances best, stopping at
     # the first that recalls >= 0.9375 of them (phases.eval_warmup.draws, draw_enough: all 8 in seed 1's slice, 15 of
     # 16 in seed 0's). On seed 1 draw 1 is the run's 44.2 above. Cut after the warm starts: does seed 1 get an eval?
-    "eval-warm-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.eval_warmup.after_blue_warmup=true",
-                                      "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
+    "eval-warm-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, *AFTER_BLUE_DRAWS],
     # ... and through the loop (stop 71): the cut run kept draw 3, 87.5 on the labelled set. Seed 0 needs no run of
     # its own: its draw 1 recalls 15 of 16 (0.9375), so draw_enough stops there and the run is main-eval-after-blue-s0
     # (on that run's host). Measured 2026-12-08 (bench/results/evidence-eval-after-blue-draws/): draw 1 recalled all 7
     # and read the labelled set at 68.3; blue JBB ASR 72.5 / 22.5 / 0.0 at over-refusal 72.5 / 95.0: not adopted
-    "main-eval-after-blue-draws-s1": ["seed=1", "phases.eval_warmup.after_blue_warmup=true",
-                                      "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
+    "main-eval-after-blue-draws-s1": ["seed=1", *AFTER_BLUE_DRAWS],
     # ... cut after its warm starts and blue read on the held-out sets (the name's `warm-`: blue's rows): after
     # iteration 1 that run's blue complied with 72.5% of JBB harmful requests. Did the loop undo its warm start?
     # Measured 2026-12-08: warm starts identical to that run's step for step; blue JBB ASR 32.5 at over-refusal
     # 42.5 / 20.0, so iteration 1 gave back 40 points of it
-    "warm-starts-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, "phases.eval_warmup.after_blue_warmup=true",
-                                        "phases.eval_warmup.draws=3", "phases.eval_warmup.draw_enough=0.9375"],
+    "warm-starts-after-blue-draws-s1": ["seed=1", *CUT_AFTER_WARM_STARTS, *AFTER_BLUE_DRAWS],
 }
 RUNS = {**MAIN, **VARIANTS, **ABLATIONS}
 ABLATION_ROLES = {"fixed-judge": "blue,red", "fixed-judge-s1": "blue,red", "no-div": "blue,red", "no-benign": "blue",
